@@ -1,0 +1,233 @@
+//! [`NDArray`]: the `Copy` handle to an engine-owned array.
+//!
+//! The handle is an 8-byte generational id; all data and metadata live in the engine.
+//! Copying a handle does not copy data and does not change ownership or counts: the
+//! array lives until its manager closes, the scope it is registered in closes, or it is
+//! closed or released explicitly (see the crate docs for the rules).
+
+mod display;
+mod index;
+mod linalg;
+mod nn;
+mod operators;
+mod ops;
+mod reduce;
+mod shape_ops;
+
+pub use ops::Rhs;
+
+use crate::dtype::{Element, dispatch};
+use crate::engine::{self, Id, kernels};
+use crate::error::{CloseReason, NdError, Result, unwrap};
+use crate::{DType, NDManager, Shape};
+use std::panic::Location;
+
+/// A handle to an n-dimensional array owned by an [`NDManager`].
+///
+/// `Copy + Send + Sync`, 8 bytes. Equality and hashing are identity (two handles are
+/// equal when they name the same array), never fail, and keep working after close.
+/// Arithmetic works on handles directly:
+///
+/// ```
+/// use ndscope::{DType, NDManager};
+/// let m = NDManager::new();
+/// let a = m.create(&[1.0f32, 2.0, 3.0], [3]);
+/// let b = m.ones([3], DType::F32);
+/// let c = a * 2.0 + b - 1;          // literals infer; no `&`, no `?`, no `.clone()`
+/// assert_eq!(c.shape().dims(), &[3]);
+/// assert_eq!(c.to_vec::<f32>()?, vec![2.0, 4.0, 6.0]);
+/// let d = 2.0 * a - 1;
+/// assert_eq!(d.to_vec::<f32>()?, vec![1.0, 3.0, 5.0]);
+/// # Ok::<(), ndscope::NdError>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NDArray {
+    pub(crate) id: Id,
+}
+
+const _: () = assert!(std::mem::size_of::<NDArray>() <= 16);
+
+impl NDArray {
+    /// A process-unique id, never reused (even after the array is freed).
+    pub fn uid(self) -> u64 {
+        self.id.uid()
+    }
+
+    /// The shape. Panics if the array is closed (see [`NDArray::try_shape`]).
+    #[track_caller]
+    pub fn shape(self) -> Shape {
+        unwrap(self.try_shape())
+    }
+
+    /// The shape, or `Closed`.
+    pub fn try_shape(self) -> Result<Shape> {
+        Ok(engine::lock().array(self.id)?.layout.shape.clone())
+    }
+
+    /// The dtype. Panics if the array is closed.
+    #[track_caller]
+    pub fn dtype(self) -> DType {
+        unwrap(self.try_dtype())
+    }
+
+    /// The dtype, or `Closed`.
+    pub fn try_dtype(self) -> Result<DType> {
+        Ok(engine::lock().array(self.id)?.dtype)
+    }
+
+    /// Number of elements. Panics if the array is closed.
+    #[track_caller]
+    pub fn size(self) -> usize {
+        unwrap(self.try_shape()).size()
+    }
+
+    /// Number of dimensions. Panics if the array is closed.
+    #[track_caller]
+    pub fn ndim(self) -> usize {
+        unwrap(self.try_shape()).ndim()
+    }
+
+    /// The owning manager. Panics if the array is closed.
+    #[track_caller]
+    pub fn manager(self) -> NDManager {
+        unwrap(self.try_manager())
+    }
+
+    /// The owning manager, or `Closed`.
+    pub fn try_manager(self) -> Result<NDManager> {
+        Ok(NDManager {
+            id: engine::lock().array(self.id)?.manager,
+        })
+    }
+
+    /// Whether the array has been freed.
+    pub fn is_closed(self) -> bool {
+        !engine::lock().is_live(self.id)
+    }
+
+    /// Free the array now, whatever its reference count. Idempotent. Views of it keep
+    /// the shared data alive.
+    #[track_caller]
+    pub fn close(self) {
+        engine::lock().free_array(self.id, Some(Location::caller()), CloseReason::Explicit);
+    }
+
+    /// The elements in row-major order. `T` must match the dtype (`bool` for Bool).
+    pub fn to_vec<T: Element>(self) -> Result<Vec<T>> {
+        engine::read(self.id, |o| {
+            if o.dtype != T::DTYPE {
+                return Err(NdError::ElementType {
+                    op: "to_vec",
+                    requested: T::DTYPE,
+                    array: o.desc(),
+                });
+            }
+            Ok(dispatch!(o.dtype, N => kernels::to_vec::<N>(o)
+                .into_iter()
+                .map(|x| if T::DTYPE.is_float() {
+                    T::elem_from_f64(crate::dtype::Native::to_f64(x))
+                } else {
+                    T::elem_from_i64(crate::dtype::Native::to_i64(x))
+                })
+                .collect()))
+        })?
+    }
+
+    /// The single element of a one-element array.
+    pub fn to_scalar<T: Element>(self) -> Result<T> {
+        let v = self.to_vec::<T>()?;
+        if v.len() != 1 {
+            let array = engine::lock().desc(self.id)?;
+            return Err(NdError::Index {
+                op: "to_scalar",
+                msg: format!("{} elements, expected exactly 1", v.len()),
+                array,
+            });
+        }
+        Ok(v[0])
+    }
+
+    /// Move ownership to the system manager: no manager close will free it; the caller
+    /// (or a scope it is still registered in) must. Does not unregister it from scopes.
+    #[track_caller]
+    pub fn detach(self) -> NDArray {
+        unwrap(self.try_detach())
+    }
+
+    /// [`NDArray::detach`], or `Closed`.
+    pub fn try_detach(self) -> Result<NDArray> {
+        engine::lock().attach(self.id, engine::SYSTEM)?;
+        Ok(self)
+    }
+
+    /// Move ownership to `manager`.
+    #[track_caller]
+    pub fn attach(self, manager: &NDManager) -> NDArray {
+        unwrap(self.try_attach(manager))
+    }
+
+    /// [`NDArray::attach`], or `Closed` / `ManagerClosed` / `ManagerCapped`.
+    pub fn try_attach(self, manager: &NDManager) -> Result<NDArray> {
+        engine::lock().attach(self.id, manager.id)?;
+        Ok(self)
+    }
+
+    /// Move ownership to `manager` until it closes; then the array returns to the
+    /// manager it came from instead of being freed (it is freed if that one closed).
+    #[track_caller]
+    pub fn temp_attach(self, manager: &NDManager) -> NDArray {
+        unwrap(self.try_temp_attach(manager))
+    }
+
+    /// [`NDArray::temp_attach`], or an error.
+    pub fn try_temp_attach(self, manager: &NDManager) -> Result<NDArray> {
+        engine::lock().temp_attach(self.id, manager.id)?;
+        Ok(self)
+    }
+
+    /// Add a reference: the array survives the close of the scopes it is registered in
+    /// until a matching [`NDArray::release`] (or its manager's close, or `close()`).
+    /// Returns the new count.
+    #[track_caller]
+    pub fn retain(self) -> u32 {
+        unwrap(self.try_retain())
+    }
+
+    /// [`NDArray::retain`], or `Closed`.
+    pub fn try_retain(self) -> Result<u32> {
+        engine::lock().retain(self.id)
+    }
+
+    /// Drop a reference; frees the array when none is left (so one `release()` frees an
+    /// unscoped, unretained array). Returns whether it freed. Panics on a freed array.
+    #[track_caller]
+    pub fn release(self) -> bool {
+        unwrap(self.try_release())
+    }
+
+    /// [`NDArray::release`], or `Closed` for an array already freed.
+    #[track_caller]
+    pub fn try_release(self) -> Result<bool> {
+        engine::lock().release(self.id, Location::caller())
+    }
+
+    /// Scope registrations plus outstanding retains.
+    #[track_caller]
+    pub fn ref_count(self) -> u32 {
+        unwrap(self.try_ref_count())
+    }
+
+    /// [`NDArray::ref_count`], or `Closed`.
+    pub fn try_ref_count(self) -> Result<u32> {
+        engine::lock().ref_count(self.id)
+    }
+}
+
+impl std::fmt::Debug for NDArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match engine::lock().desc(self.id) {
+            Ok(d) => write!(f, "NDArray(#{} {}{})", d.uid, d.dtype, d.shape),
+            Err(_) => write!(f, "NDArray(#{} closed)", self.uid()),
+        }
+    }
+}

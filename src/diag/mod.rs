@@ -1,0 +1,111 @@
+//! Diagnostics: verbose mode and memory accounting.
+
+use crate::engine;
+use std::fmt;
+
+pub mod config {
+    //! Process-wide settings.
+    //!
+    //! Verbose mode (off by default) records a full backtrace when each array is
+    //! created and when it is freed, so that a use-after-close error shows both. Turn it
+    //! on with [`set_verbose`] or by running with the environment variable
+    //! `NDSCOPE_VERBOSE=1`. Source lines are recorded always, verbose or not.
+
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    const UNSET: u8 = 0;
+    const OFF: u8 = 1;
+    const ON: u8 = 2;
+    static VERBOSE: AtomicU8 = AtomicU8::new(UNSET);
+
+    /// Turn verbose mode on or off for the whole process.
+    pub fn set_verbose(on: bool) {
+        VERBOSE.store(if on { ON } else { OFF }, Ordering::Relaxed);
+    }
+
+    /// Whether verbose mode is on (first call reads `NDSCOPE_VERBOSE`).
+    pub fn verbose() -> bool {
+        match VERBOSE.load(Ordering::Relaxed) {
+            ON => true,
+            OFF => false,
+            _ => {
+                let on = std::env::var("NDSCOPE_VERBOSE")
+                    .is_ok_and(|v| !v.is_empty() && v != "0" && v != "false");
+                set_verbose(on);
+                on
+            }
+        }
+    }
+}
+
+/// Live memory counters of the process or of one manager's subtree.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Live array handles (views included).
+    pub live_arrays: usize,
+    /// Live data buffers (an array and its views share one).
+    pub live_buffers: usize,
+    /// Bytes held by live buffers.
+    pub live_bytes: usize,
+    /// Highest `live_bytes` since the start or the last [`reset_peak`].
+    pub peak_bytes: usize,
+    /// Bytes held by the caching pool for reuse (not live). Always 0 until a pool exists.
+    pub cached_bytes: usize,
+    /// Buffers allocated so far (monotonic).
+    pub allocations: u64,
+}
+
+impl MemoryStats {
+    pub(crate) fn from_stats(s: engine::Stats) -> Self {
+        MemoryStats {
+            live_arrays: s.arrays,
+            live_buffers: s.buffers,
+            live_bytes: s.bytes,
+            peak_bytes: s.peak,
+            cached_bytes: 0,
+            allocations: s.allocations,
+        }
+    }
+}
+
+impl fmt::Display for MemoryStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} arrays, {} buffers, {} live (peak {}, cached {}), {} allocations",
+            self.live_arrays,
+            self.live_buffers,
+            human_bytes(self.live_bytes),
+            human_bytes(self.peak_bytes),
+            human_bytes(self.cached_bytes),
+            self.allocations
+        )
+    }
+}
+
+/// `1536` → `"1.5 KiB"`.
+pub(crate) fn human_bytes(b: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Process-wide memory counters (the system manager's subtree: every array).
+pub fn memory() -> MemoryStats {
+    let g = engine::lock();
+    MemoryStats::from_stats(g.stats(engine::SYSTEM).expect("system manager is live"))
+}
+
+/// Reset every peak to the current live bytes.
+pub fn reset_peak() {
+    engine::lock().reset_peak();
+}

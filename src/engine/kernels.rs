@@ -1,0 +1,400 @@
+//! Kernels: loops over strided data. Each is generic over the native element type and
+//! built on [`for_each_row`], whose rows are contiguous for contiguous arrays (so the
+//! inner loops vectorise) and strided otherwise. Inner loops special-case the stride
+//! patterns that matter: 1 (contiguous) and 0 (broadcast).
+
+use super::layout::{Layout, for_each_row};
+use super::storage::{Buffer, new_filled};
+use super::{Operand, OperandMut};
+use crate::dtype::{Native, dispatch};
+use crate::error::{NdError, Result};
+use crate::shape::{Dims, Shape};
+use rayon::prelude::*;
+
+/// Contiguous element counts above which elementwise loops are split across threads.
+const PARALLEL_ELEMS: usize = 1 << 18;
+
+/// Copy an operand into a new contiguous buffer of the same dtype.
+pub(crate) fn materialize(o: &Operand<'_>) -> Result<(Buffer, Layout)> {
+    let buf = dispatch!(o.dtype, T => map_unary::<T, T>(o, |x| x)?);
+    Ok((buf, Layout::contiguous(o.layout.shape.clone())))
+}
+
+/// The operand's elements in row-major order.
+pub(crate) fn to_vec<T: Native>(o: &Operand<'_>) -> Vec<T> {
+    let data = o.data::<T>();
+    let mut out = Vec::with_capacity(o.layout.size());
+    for_each_row(
+        o.layout.shape.dims(),
+        [&o.layout.strides],
+        [o.layout.offset],
+        |off, n, s| {
+            let (start, step) = (off[0], s[0]);
+            if step == 1 {
+                out.extend_from_slice(&data[start as usize..start as usize + n]);
+            } else {
+                out.extend((0..n as isize).map(|i| data[(start + i * step) as usize]));
+            }
+        },
+    );
+    out
+}
+
+/// `out[i] = f(x[i])` into a new contiguous buffer.
+pub(crate) fn map_unary<T: Native, U: Native>(
+    o: &Operand<'_>,
+    f: impl Fn(T) -> U + Sync + Send + Copy,
+) -> Result<Buffer> {
+    let src = o.data::<T>();
+    let l = o.layout;
+    let n = l.size();
+    new_filled::<U>(n, |out| {
+        if l.is_contiguous() {
+            let src = &src[l.offset..l.offset + n];
+            if n >= PARALLEL_ELEMS {
+                out.par_chunks_mut(PARALLEL_ELEMS / 4)
+                    .zip(src.par_chunks(PARALLEL_ELEMS / 4))
+                    .for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &x)| *o = f(x)));
+            } else {
+                out.iter_mut().zip(src).for_each(|(o, &x)| *o = f(x));
+            }
+            return;
+        }
+        let mut w = 0usize;
+        for_each_row(l.shape.dims(), [&l.strides], [l.offset], |off, len, s| {
+            let dst = &mut out[w..w + len];
+            if s[0] == 1 {
+                let s0 = off[0] as usize;
+                dst.iter_mut()
+                    .zip(&src[s0..s0 + len])
+                    .for_each(|(o, &x)| *o = f(x));
+            } else {
+                for (i, o) in dst.iter_mut().enumerate() {
+                    *o = f(src[(off[0] + i as isize * s[0]) as usize]);
+                }
+            }
+            w += len;
+        });
+    })
+}
+
+/// `out = f(a, b)` with numpy broadcasting into a new contiguous buffer of `shape`.
+pub(crate) fn map_binary<T: Native, U: Native>(
+    a: &Operand<'_>,
+    b: &Operand<'_>,
+    shape: &Shape,
+    f: impl Fn(T, T) -> U + Sync + Send + Copy,
+) -> Result<Buffer> {
+    let (da, db) = (a.data::<T>(), b.data::<T>());
+    let (la, lb) = (a.layout, b.layout);
+    let n = shape.size();
+    new_filled::<U>(n, |out| {
+        if la.shape == *shape && lb.shape == *shape && la.is_contiguous() && lb.is_contiguous() {
+            let (sa, sb) = (&da[la.offset..la.offset + n], &db[lb.offset..lb.offset + n]);
+            if n >= PARALLEL_ELEMS {
+                let c = PARALLEL_ELEMS / 4;
+                out.par_chunks_mut(c)
+                    .zip(sa.par_chunks(c).zip(sb.par_chunks(c)))
+                    .for_each(|(o, (x, y))| zip2(o, x, y, f));
+            } else {
+                zip2(out, sa, sb, f);
+            }
+            return;
+        }
+        let out_strides = shape.contiguous_strides();
+        let (sa, sb) = (la.broadcast_strides(shape), lb.broadcast_strides(shape));
+        for_each_row(
+            shape.dims(),
+            [&out_strides, &sa, &sb],
+            [0, la.offset, lb.offset],
+            |off, len, s| {
+                let dst = &mut out[off[0] as usize..off[0] as usize + len];
+                binary_row(dst, da, off[1], s[1], db, off[2], s[2], f);
+            },
+        );
+    })
+}
+
+#[inline(always)]
+fn zip2<T: Copy, U>(out: &mut [U], a: &[T], b: &[T], f: impl Fn(T, T) -> U) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = f(x, y);
+    }
+}
+
+/// One row of a binary op with the stride patterns that matter specialised.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn binary_row<T: Copy, U>(
+    dst: &mut [U],
+    da: &[T],
+    oa: isize,
+    sa: isize,
+    db: &[T],
+    ob: isize,
+    sb: isize,
+    f: impl Fn(T, T) -> U,
+) {
+    let n = dst.len();
+    match (sa, sb) {
+        (1, 1) => zip2(
+            dst,
+            &da[oa as usize..oa as usize + n],
+            &db[ob as usize..ob as usize + n],
+            f,
+        ),
+        (1, 0) => {
+            let y = db[ob as usize];
+            for (o, &x) in dst.iter_mut().zip(&da[oa as usize..oa as usize + n]) {
+                *o = f(x, y);
+            }
+        }
+        (0, 1) => {
+            let x = da[oa as usize];
+            for (o, &y) in dst.iter_mut().zip(&db[ob as usize..ob as usize + n]) {
+                *o = f(x, y);
+            }
+        }
+        _ => {
+            for (i, o) in dst.iter_mut().enumerate() {
+                let i = i as isize;
+                *o = f(da[(oa + i * sa) as usize], db[(ob + i * sb) as usize]);
+            }
+        }
+    }
+}
+
+/// In place: `t = f(t, b)`, `b` broadcast to `t`'s shape (checked by the caller).
+pub(crate) fn assign_binary<T: Native>(
+    t: &mut OperandMut<'_>,
+    b: &Operand<'_>,
+    f: impl Fn(T, T) -> T + Copy,
+) {
+    let lt = t.layout.clone();
+    let db = b.data::<T>();
+    let sb = b.layout.broadcast_strides(&lt.shape);
+    let boff = b.layout.offset;
+    let dt = t.data_mut::<T>();
+    for_each_row(
+        lt.shape.dims(),
+        [&lt.strides, &sb],
+        [lt.offset, boff],
+        |off, len, s| {
+            for i in 0..len as isize {
+                let ti = (off[0] + i * s[0]) as usize;
+                dt[ti] = f(dt[ti], db[(off[1] + i * s[1]) as usize]);
+            }
+        },
+    );
+}
+
+/// In place: `t = f(t)`.
+pub(crate) fn assign_unary<T: Native>(t: &mut OperandMut<'_>, f: impl Fn(T) -> T + Copy) {
+    let lt = t.layout.clone();
+    let dt = t.data_mut::<T>();
+    for_each_row(
+        lt.shape.dims(),
+        [&lt.strides],
+        [lt.offset],
+        |off, len, s| {
+            for i in 0..len as isize {
+                let ti = (off[0] + i * s[0]) as usize;
+                dt[ti] = f(dt[ti]);
+            }
+        },
+    );
+}
+
+/// Convert between dtypes (through f64 for floats, i64 for integers).
+pub(crate) fn cast(o: &Operand<'_>, to: crate::DType) -> Result<Buffer> {
+    use crate::DType;
+    let to_bool = to == DType::Bool;
+    dispatch!(o.dtype, S => dispatch!(to, D => {
+        if to_bool {
+            map_unary::<S, D>(o, |x| D::from_i64((x != S::ZERO) as i64))
+        } else if o.dtype.is_float() {
+            map_unary::<S, D>(o, |x| D::from_f64(x.to_f64()))
+        } else {
+            map_unary::<S, D>(o, |x| D::from_i64(x.to_i64()))
+        }
+    }))
+}
+
+/// Reduce over `axes` (sorted, unique, in range). Returns one accumulator per output
+/// element (row-major over the kept axes). `row(acc, data, start, len, stride)` folds one
+/// strided row; rows of one output element arrive in row-major order.
+pub(crate) fn reduce<T: Native, A: Copy>(
+    o: &Operand<'_>,
+    axes: &[usize],
+    init: A,
+    row: impl Fn(A, &[T], isize, usize, isize) -> A,
+) -> Vec<A> {
+    let data = o.data::<T>();
+    let l = o.layout;
+    let nd = l.shape.ndim();
+    let (mut kept_dims, mut kept_strides) = (Dims::new(), smallvec::SmallVec::<[isize; 4]>::new());
+    let (mut red_dims, mut red_strides) = (Dims::new(), smallvec::SmallVec::<[isize; 4]>::new());
+    for d in 0..nd {
+        if axes.contains(&d) {
+            red_dims.push(l.shape.0[d]);
+            red_strides.push(l.strides[d]);
+        } else {
+            kept_dims.push(l.shape.0[d]);
+            kept_strides.push(l.strides[d]);
+        }
+    }
+    let n_out: usize = kept_dims.iter().product();
+    let mut out = Vec::with_capacity(n_out);
+    if n_out == 0 {
+        return out;
+    }
+    // Iterate the kept axes as "rows of length 1" so each call is one output element.
+    let mut bases = Vec::with_capacity(n_out);
+    for_each_row(&kept_dims, [&kept_strides], [l.offset], |off, len, s| {
+        for i in 0..len as isize {
+            bases.push(off[0] + i * s[0]);
+        }
+    });
+    for base in bases {
+        let mut acc = init;
+        for_each_row(&red_dims, [&red_strides], [base as usize], |off, len, s| {
+            acc = row(acc, data, off[0], len, s[0]);
+        });
+        out.push(acc);
+    }
+    out
+}
+
+/// Sum of a strided row with 8 independent accumulators (vectorises; more accurate than
+/// one running sum) and pairwise combination of blocks.
+#[inline]
+pub(crate) fn sum_row<T: Native>(data: &[T], start: isize, len: usize, stride: isize) -> T {
+    if stride == 1 {
+        return pairwise_sum(&data[start as usize..start as usize + len]);
+    }
+    let mut acc = T::ZERO;
+    for i in 0..len as isize {
+        acc = acc.add(data[(start + i * stride) as usize]);
+    }
+    acc
+}
+
+fn pairwise_sum<T: Native>(x: &[T]) -> T {
+    const BLOCK: usize = 1024;
+    if x.len() <= BLOCK {
+        let mut lanes = [T::ZERO; 8];
+        let chunks = x.chunks_exact(8);
+        let rest = chunks.remainder();
+        for c in chunks {
+            for k in 0..8 {
+                lanes[k] = lanes[k].add(c[k]);
+            }
+        }
+        let mut s = T::ZERO;
+        for v in rest {
+            s = s.add(*v);
+        }
+        let a = lanes[0].add(lanes[1]).add(lanes[2].add(lanes[3]));
+        let b = lanes[4].add(lanes[5]).add(lanes[6].add(lanes[7]));
+        return a.add(b).add(s);
+    }
+    let mid = (x.len() / 2).next_multiple_of(8);
+    if x.len() >= PARALLEL_ELEMS {
+        let (a, b) = rayon::join(|| pairwise_sum(&x[..mid]), || pairwise_sum(&x[mid..]));
+        a.add(b)
+    } else {
+        pairwise_sum(&x[..mid]).add(pairwise_sum(&x[mid..]))
+    }
+}
+
+/// A 2-D strided matrix operand: element (i, j) is at `off + i*rs + j*cs`.
+pub(crate) struct Mat<'a, T> {
+    pub data: &'a [T],
+    pub off: isize,
+    pub rs: isize,
+    pub cs: isize,
+}
+
+/// `out[m, n] = a[m, k] @ b[k, n]` into a contiguous `out` (row stride `n`).
+pub(crate) fn matmul_2d<T: Native>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    out: &mut [T],
+) {
+    debug_assert!(out.len() >= m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        out[..m * n].iter_mut().for_each(|o| *o = T::ZERO);
+        return;
+    }
+    let gemm_type = std::any::TypeId::of::<T>();
+    if gemm_type == std::any::TypeId::of::<f32>() || gemm_type == std::any::TypeId::of::<f64>() {
+        // Check that every element gemm will touch is inside the slices.
+        let last = |x: &Mat<'_, T>, rows: usize, cols: usize| {
+            x.off + (rows as isize - 1) * x.rs + (cols as isize - 1) * x.cs
+        };
+        assert!(a.off >= 0 && last(&a, m, k) < a.data.len() as isize);
+        assert!(b.off >= 0 && last(&b, k, n) < b.data.len() as isize);
+        let flops = m * n * k;
+        let par = if flops >= 1 << 21 {
+            gemm::Parallelism::Rayon(0)
+        } else {
+            gemm::Parallelism::None
+        };
+        // SAFETY: the asserts above keep every lhs/rhs element gemm reads inside `a.data`
+        // and `b.data` (strides may be negative but every visited index lies between the
+        // first and last, both in range for these monotone index maps), and `out` holds
+        // m*n contiguous elements written with row stride n, column stride 1. T is f32 or
+        // f64 (checked by TypeId), which gemm supports. `read_dst` is false, so the
+        // destination's old contents are not read.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                out.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                a.data.as_ptr().offset(a.off),
+                a.cs,
+                a.rs,
+                b.data.as_ptr().offset(b.off),
+                b.cs,
+                b.rs,
+                T::ZERO,
+                T::ONE,
+                false,
+                false,
+                false,
+                par,
+            );
+        }
+        return;
+    }
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = T::ZERO;
+            for p in 0..k {
+                let x = a.data[(a.off + i as isize * a.rs + p as isize * a.cs) as usize];
+                let y = b.data[(b.off + p as isize * b.rs + j as isize * b.cs) as usize];
+                acc = acc.add(x.mul(y));
+            }
+            out[i * n + j] = acc;
+        }
+    }
+}
+
+/// Error for a dtype an op does not support.
+pub(crate) fn unsupported(op: &'static str, o: &Operand<'_>) -> NdError {
+    NdError::UnsupportedDType {
+        op,
+        dtype: o.dtype,
+        array: o.desc(),
+    }
+}

@@ -1,0 +1,171 @@
+//! [`Layout`]: how an array's elements sit in its buffer (shape, strides in elements,
+//! offset), and the strided row iteration every kernel is built on.
+
+use crate::shape::{Dims, Shape};
+use smallvec::SmallVec;
+
+/// Strides in elements; negative for reversed slices, 0 for broadcast dimensions.
+pub(crate) type Strides = SmallVec<[isize; 4]>;
+
+/// Shape, strides and offset (in elements) of an array within its buffer.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Layout {
+    pub shape: Shape,
+    pub strides: Strides,
+    pub offset: usize,
+}
+
+impl Layout {
+    /// A row-major layout starting at element 0.
+    pub(crate) fn contiguous(shape: Shape) -> Layout {
+        let strides = shape.contiguous_strides();
+        Layout {
+            shape,
+            strides,
+            offset: 0,
+        }
+    }
+
+    /// Whether the elements are exactly `offset .. offset + size` in row-major order.
+    pub(crate) fn is_contiguous(&self) -> bool {
+        let mut expected = 1isize;
+        for (&d, &s) in self.shape.0.iter().zip(self.strides.iter()).rev() {
+            if d != 1 && s != expected {
+                return false;
+            }
+            expected *= d as isize;
+        }
+        true
+    }
+
+    pub(crate) fn size(&self) -> usize {
+        self.shape.size()
+    }
+
+    /// Strides of this layout seen through a broadcast to `target` (which must be a
+    /// valid broadcast of this shape): missing and size-1 dimensions get stride 0.
+    pub(crate) fn broadcast_strides(&self, target: &Shape) -> Strides {
+        let n = target.ndim();
+        let k = self.shape.ndim();
+        let mut out = Strides::from_elem(0, n);
+        for i in 0..k {
+            let t = n - k + i;
+            out[t] = if self.shape.0[i] == 1 && target.0[t] != 1 {
+                0
+            } else {
+                self.strides[i]
+            };
+        }
+        out
+    }
+}
+
+/// Call `f(offsets, inner_len, inner_strides)` once per innermost row of `shape`, where
+/// `offsets[k]` is the element offset of operand `k` at the start of the row (its base
+/// offset plus the outer indices times its strides). `strides[k]` must have
+/// `shape.ndim()` entries. A 0-d shape is one row of length 1; a shape with a zero
+/// dimension has no rows.
+pub(crate) fn for_each_row<const K: usize>(
+    shape: &[usize],
+    strides: [&[isize]; K],
+    base: [usize; K],
+    mut f: impl FnMut([isize; K], usize, [isize; K]),
+) {
+    let nd = shape.len();
+    let base = base.map(|b| b as isize);
+    if nd == 0 {
+        f(base, 1, [0; K]);
+        return;
+    }
+    if shape.contains(&0) {
+        return;
+    }
+    // Merge the inner dimensions while every operand stays uniformly strided across
+    // them: a contiguous array then becomes one long row (fast, vectorisable).
+    let mut inner = nd - 1;
+    let mut inner_len = shape[nd - 1];
+    while inner > 0 {
+        let d = inner - 1;
+        let mergeable =
+            (0..K).all(|k| strides[k][d] == strides[k][nd - 1].wrapping_mul(inner_len as isize));
+        if !mergeable || inner_len.checked_mul(shape[d]).is_none() {
+            break;
+        }
+        inner_len *= shape[d];
+        inner = d;
+    }
+    let inner_strides: [isize; K] = std::array::from_fn(|k| strides[k][nd - 1]);
+    let outer = &shape[..inner];
+    let mut idx: Dims = Dims::from_elem(0, outer.len());
+    let mut off = base;
+    loop {
+        f(off, inner_len, inner_strides);
+        // Odometer increment over the outer dimensions.
+        let mut d = outer.len();
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            for k in 0..K {
+                off[k] += strides[k][d];
+            }
+            if idx[d] < outer[d] {
+                break;
+            }
+            for k in 0..K {
+                off[k] -= strides[k][d] * outer[d] as isize;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_rows_merge_into_one() {
+        let l = Layout::contiguous(Shape::from([2, 3, 4]));
+        let mut rows = vec![];
+        for_each_row(&[2, 3, 4], [&l.strides], [0], |o, n, s| {
+            rows.push((o[0], n, s[0]))
+        });
+        assert_eq!(rows, vec![(0, 24, 1)]);
+    }
+
+    #[test]
+    fn transposed_rows_walk_columns() {
+        // A [2,3] array transposed to [3,2]: strides [1,3].
+        let mut rows = vec![];
+        for_each_row(&[3, 2], [&[1, 3]], [0], |o, n, s| {
+            rows.push((o[0], n, s[0]))
+        });
+        assert_eq!(rows, vec![(0, 2, 3), (1, 2, 3), (2, 2, 3)]);
+    }
+
+    #[test]
+    fn zero_dims_and_scalars() {
+        let mut count = 0;
+        for_each_row(&[2, 0], [&[0, 1]], [0], |_, _, _| count += 1);
+        assert_eq!(count, 0);
+        for_each_row(&[], [&[]], [5], |o, n, _| {
+            assert_eq!((o[0], n), (5, 1));
+            count += 1
+        });
+        assert_eq!(count, 1);
+    }
+
+    #[test]
+    fn contiguity() {
+        assert!(Layout::contiguous(Shape::from([2, 3])).is_contiguous());
+        let t = Layout {
+            shape: Shape::from([3, 2]),
+            strides: SmallVec::from_slice(&[1, 3]),
+            offset: 0,
+        };
+        assert!(!t.is_contiguous());
+    }
+}

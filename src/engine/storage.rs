@@ -1,0 +1,139 @@
+//! Data buffers: 64-byte-aligned, zero-initialised heap blocks shared by an array and
+//! its views.
+//!
+//! A [`Buffer`] is always fully initialised (fresh blocks are zeroed; reused blocks hold
+//! old values), so typed slices over it are valid for every native type. Who may read
+//! or write is decided by the registry (see `engine/mod.rs`): writes happen only under
+//! the engine lock with no reader outside it, which `outside_readers` counts.
+
+use crate::dtype::Native;
+use crate::error::{NdError, Result};
+use std::alloc::{self, Layout as AllocLayout};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Alignment of every buffer, in bytes (a cache line; enough for any SIMD width).
+pub(crate) const ALIGN: usize = 64;
+
+/// One heap block of array data.
+pub(crate) struct Buffer {
+    ptr: NonNull<u8>,
+    bytes: usize,
+    /// Number of ops currently reading this buffer without holding the engine lock.
+    outside_readers: AtomicUsize,
+}
+
+// SAFETY: `Buffer` owns its block exclusively (like `Vec<u8>`); shared access is
+// coordinated by the engine: reads of immutable data from several threads are fine, and
+// writes are only made under the engine lock with `outside_readers == 0`.
+unsafe impl Send for Buffer {}
+// SAFETY: see `Send` above.
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    /// A zeroed block of `bytes` bytes, or `OutOfMemory` (never an abort).
+    pub(crate) fn zeroed(bytes: usize) -> Result<Buffer> {
+        if bytes == 0 {
+            return Ok(Buffer {
+                // An aligned dangling pointer is valid for zero-length slices.
+                ptr: NonNull::<[u8; ALIGN]>::dangling().cast(),
+                bytes: 0,
+                outside_readers: AtomicUsize::new(0),
+            });
+        }
+        let layout = AllocLayout::from_size_align(bytes, ALIGN)
+            .map_err(|_| NdError::OutOfMemory { bytes })?;
+        // SAFETY: `layout` has a non-zero size (checked above).
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or(NdError::OutOfMemory { bytes })?;
+        Ok(Buffer {
+            ptr,
+            bytes,
+            outside_readers: AtomicUsize::new(0),
+        })
+    }
+
+    /// Size in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The whole block as a slice of `T`.
+    ///
+    /// # Safety
+    /// No one may write the buffer while the returned slice lives (the engine lock is
+    /// held by a writer only when `outside_readers` is zero and no reader under the
+    /// lock exists).
+    pub(crate) unsafe fn slice<T: Native>(&self) -> &[T] {
+        debug_assert_eq!(self.ptr.as_ptr() as usize % std::mem::align_of::<T>(), 0);
+        // SAFETY: the block is `bytes` long, aligned to 64 (>= align_of T), fully
+        // initialised, and every bit pattern is a valid `T` (T is a primitive number);
+        // the caller guarantees no concurrent writer.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.ptr.as_ptr() as *const T,
+                self.bytes / std::mem::size_of::<T>(),
+            )
+        }
+    }
+
+    /// The whole block as a mutable slice of `T`.
+    ///
+    /// # Safety
+    /// The caller must have exclusive access: either the buffer is fresh (not yet
+    /// shared), or the engine lock is held, `outside_readers` is zero and no other slice
+    /// of this buffer is alive.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice_mut<T: Native>(&self) -> &mut [T] {
+        // SAFETY: as for `slice`, plus exclusivity guaranteed by the caller.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.ptr.as_ptr() as *mut T,
+                self.bytes / std::mem::size_of::<T>(),
+            )
+        }
+    }
+
+    pub(crate) fn begin_outside_read(&self) {
+        self.outside_readers.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn end_outside_read(&self) {
+        self.outside_readers.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn has_outside_readers(&self) -> bool {
+        self.outside_readers.load(Ordering::Acquire) != 0
+    }
+
+    /// Address identity, used to detect aliasing between an in-place target and inputs.
+    pub(crate) fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if self.bytes != 0 {
+            // SAFETY: allocated in `zeroed` with exactly this size and alignment
+            // (from_size_align succeeded there, so it succeeds here).
+            unsafe {
+                alloc::dealloc(
+                    self.ptr.as_ptr(),
+                    AllocLayout::from_size_align_unchecked(self.bytes, ALIGN),
+                )
+            }
+        }
+    }
+}
+
+/// A freshly allocated buffer of `len` elements of `T` filled by `fill`.
+pub(crate) fn new_filled<T: Native>(len: usize, fill: impl FnOnce(&mut [T])) -> Result<Buffer> {
+    let bytes = len
+        .checked_mul(std::mem::size_of::<T>())
+        .ok_or(NdError::OutOfMemory { bytes: usize::MAX })?;
+    let buf = Buffer::zeroed(bytes)?;
+    // SAFETY: the buffer was just allocated and is not shared yet.
+    fill(unsafe { buf.slice_mut::<T>() });
+    Ok(buf)
+}

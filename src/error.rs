@@ -1,0 +1,271 @@
+//! [`NdError`]: every way an ndscope call can fail, with structured fields.
+//!
+//! Every fallible function has a `try_*` form returning [`Result`]; its panicking twin
+//! panics with exactly the error's `Display` text.
+
+use crate::{DType, Shape};
+use std::fmt;
+use std::panic::Location;
+use std::sync::Arc;
+
+/// `Result` with [`NdError`].
+pub type Result<T, E = NdError> = std::result::Result<T, E>;
+
+/// A source location recorded by `#[track_caller]`.
+pub type SourceLocation = &'static Location<'static>;
+
+/// Identifies an array in error messages: uid, shape, dtype and creating line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArrayDesc {
+    /// The array's unique id ([`crate::NDArray::uid`]).
+    pub uid: u64,
+    /// Its shape.
+    pub shape: Shape,
+    /// Its dtype.
+    pub dtype: DType,
+    /// Where it was created.
+    pub created_at: SourceLocation,
+}
+
+impl fmt::Display for ArrayDesc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "array #{} {}{} (created at {})",
+            self.uid, self.dtype, self.shape, self.created_at
+        )
+    }
+}
+
+/// Why an array was freed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CloseReason {
+    /// `close()` was called on it.
+    Explicit,
+    /// Its last reference was given up by `release()`.
+    Release,
+    /// The scope it was registered in closed.
+    ScopeClose {
+        /// Where that scope was opened.
+        opened_at: SourceLocation,
+    },
+    /// Its owning manager closed.
+    ManagerClose {
+        /// The manager's name.
+        manager: String,
+    },
+}
+
+impl fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CloseReason::Explicit => write!(f, "explicit close()"),
+            CloseReason::Release => write!(f, "release() of its last reference"),
+            CloseReason::ScopeClose { opened_at } => {
+                write!(f, "close of the scope opened at {opened_at}")
+            }
+            CloseReason::ManagerClose { manager } => write!(f, "close of manager '{manager}'"),
+        }
+    }
+}
+
+/// Everything known about a freed array, carried by [`NdError::Closed`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClosedInfo {
+    /// The array as it was.
+    pub array: ArrayDesc,
+    /// Where the freeing call was made; `None` when a scope guard was dropped (drop
+    /// glue has no caller location: the reason then names the scope's opening line).
+    pub closed_at: Option<SourceLocation>,
+    /// Why it was freed.
+    pub reason: CloseReason,
+    /// Backtrace at creation (verbose mode only).
+    pub created_backtrace: Option<Arc<str>>,
+    /// Backtrace at close (verbose mode only).
+    pub closed_backtrace: Option<Arc<str>>,
+}
+
+impl fmt::Display for ClosedInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.closed_at {
+            Some(at) => write!(f, "{} was closed at {at} by {}", self.array, self.reason)?,
+            None => write!(
+                f,
+                "{} was closed by {} (guard dropped)",
+                self.array, self.reason
+            )?,
+        }
+        match (&self.created_backtrace, &self.closed_backtrace) {
+            (None, None) => write!(
+                f,
+                " (set NDSCOPE_VERBOSE=1 or ndscope::config::set_verbose(true) for backtraces)"
+            ),
+            (c, d) => {
+                if let Some(c) = c {
+                    write!(f, "\n--- created at ---\n{c}")?;
+                }
+                if let Some(d) = d {
+                    write!(f, "\n--- closed at ---\n{d}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The error type of every fallible ndscope call.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NdError {
+    // ---- lifetime errors ----
+    /// The array was freed; says which array, where it was created and where and why
+    /// it was freed.
+    #[error("use of a closed array: {0}")]
+    Closed(Box<ClosedInfo>),
+    /// A freed array whose record has since been recycled (only its id is known).
+    #[error("use of a closed array #{uid} (its details are no longer retained)")]
+    ClosedUnknown {
+        /// The stale id.
+        uid: u64,
+    },
+    /// The manager is closed.
+    #[error("manager '{name}' is closed")]
+    ManagerClosed {
+        /// Its name when it closed.
+        name: String,
+    },
+    /// The manager was capped and takes no new arrays.
+    #[error("manager '{name}' is capped: it takes no new arrays")]
+    ManagerCapped {
+        /// Its name.
+        name: String,
+    },
+    /// A scope was used from a thread other than the one that opened it, or closed out of
+    /// its thread's order in a way that cannot be honoured.
+    #[error("scope error: {msg}")]
+    Scope {
+        /// What went wrong.
+        msg: String,
+    },
+
+    // ---- shape errors ----
+    /// Two shapes cannot be broadcast together.
+    #[error("{op}: shapes {} and {} cannot be broadcast ({lhs}; {rhs})", lhs.shape, rhs.shape)]
+    ShapeMismatch {
+        /// The operation.
+        op: &'static str,
+        /// Left operand.
+        lhs: ArrayDesc,
+        /// Right operand.
+        rhs: ArrayDesc,
+    },
+    /// A shape is invalid for the operation (wrong element count, overflow, ...).
+    #[error("{op}: invalid shape: {msg}")]
+    InvalidShape {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        msg: String,
+    },
+    /// An axis is out of range.
+    #[error("{op}: axis {axis} is out of range for {array}")]
+    AxisOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The requested axis.
+        axis: isize,
+        /// The array.
+        array: ArrayDesc,
+    },
+    /// An index or slice is invalid.
+    #[error("{op}: {msg} for {array}")]
+    Index {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        msg: String,
+        /// The array.
+        array: ArrayDesc,
+    },
+
+    // ---- dtype errors ----
+    /// Operands have different dtypes.
+    #[error("{op}: dtype mismatch {} vs {} ({lhs}; {rhs})", lhs.dtype, rhs.dtype)]
+    DTypeMismatch {
+        /// The operation.
+        op: &'static str,
+        /// Left operand.
+        lhs: ArrayDesc,
+        /// Right operand.
+        rhs: ArrayDesc,
+    },
+    /// The operation is not defined for this dtype.
+    #[error("{op} is not defined for dtype {dtype} ({array})")]
+    UnsupportedDType {
+        /// The operation.
+        op: &'static str,
+        /// The dtype.
+        dtype: DType,
+        /// The array.
+        array: ArrayDesc,
+    },
+    /// A Rust element type does not match the array's dtype.
+    #[error("{op}: requested {requested} but the array holds {}: {array}", array.dtype)]
+    ElementType {
+        /// The operation.
+        op: &'static str,
+        /// The requested dtype.
+        requested: DType,
+        /// The array.
+        array: ArrayDesc,
+    },
+
+    // ---- resource errors ----
+    /// An allocation failed or is larger than the address space.
+    #[error("out of memory: cannot allocate {bytes} bytes")]
+    OutOfMemory {
+        /// Requested bytes.
+        bytes: usize,
+    },
+    /// Any other invalid argument.
+    #[error("{op}: {msg}")]
+    InvalidArgument {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        msg: String,
+    },
+}
+
+impl NdError {
+    /// The close reason, when this is a use-after-close error with details.
+    pub fn close_reason(&self) -> Option<&CloseReason> {
+        match self {
+            NdError::Closed(info) => Some(&info.reason),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
+        NdError::InvalidArgument {
+            op,
+            msg: msg.into(),
+        }
+    }
+
+    pub(crate) fn shape(op: &'static str, msg: impl Into<String>) -> Self {
+        NdError::InvalidShape {
+            op,
+            msg: msg.into(),
+        }
+    }
+}
+
+/// Unwrap or panic with exactly the error's message, at the caller's location.
+#[track_caller]
+pub(crate) fn unwrap<T>(r: Result<T>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}

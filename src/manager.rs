@@ -1,0 +1,492 @@
+//! [`NDManager`]: the tree of owners. Every array has exactly one owning manager;
+//! closing a manager closes its sub-managers and frees every array it owns.
+
+use crate::diag::{MemoryStats, human_bytes};
+#[allow(unused_imports)]
+use crate::dtype::Element as _;
+use crate::dtype::{Element, Native, dispatch};
+use crate::engine::{self, Id, Resource, storage::new_filled};
+use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::random;
+use crate::{DType, NDArray, Shape};
+use std::fmt::Write as _;
+use std::panic::Location;
+
+/// An owner of arrays, in a tree rooted at [`NDManager::system()`].
+///
+/// A cheap, `Copy`-like handle (an id): clones refer to the same manager, and equality
+/// is identity. Arrays created through a manager belong to it; an op's result belongs
+/// to the manager of its first input.
+///
+/// ```
+/// use ndscope::{DType, NDManager};
+/// let m = NDManager::new();
+/// let a = m.ones([2, 2], DType::F32);
+/// let sub = m.new_sub_manager();
+/// let b = sub.zeros([3], DType::F64);
+/// assert_eq!(m.memory().live_arrays, 2); // counts include sub-managers
+/// m.close(); // closes `sub` too, and frees `a` and `b`
+/// assert!(a.is_closed() && b.is_closed() && !sub.is_open());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct NDManager {
+    pub(crate) id: Id,
+}
+
+impl std::fmt::Debug for NDManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = self.name();
+        write!(f, "NDManager({name})")
+    }
+}
+
+impl Default for NDManager {
+    fn default() -> Self {
+        NDManager::new()
+    }
+}
+
+fn check_shape(op: &'static str, shape: &Shape, dtype: DType) -> Result<usize> {
+    let n = shape
+        .checked_size()
+        .ok_or_else(|| NdError::shape(op, format!("{shape} has more elements than usize holds")))?;
+    n.checked_mul(dtype.size_in_bytes())
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            NdError::shape(
+                op,
+                format!("{shape} of {dtype} overflows the address space"),
+            )
+        })?;
+    Ok(n)
+}
+
+/// Fill a new buffer of `dtype` with `f(i)` converted from f64.
+fn filled(n: usize, dtype: DType, f: impl Fn(usize) -> f64) -> Result<engine::Buffer> {
+    dispatch!(dtype, T => new_filled::<T>(n, |out| {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = if dtype == DType::Bool {
+                T::from_f64((f(i) != 0.0) as u8 as f64)
+            } else {
+                T::from_f64(f(i))
+            };
+        }
+    }))
+}
+
+impl NDManager {
+    /// The root manager. It is never closed (`close()` on it does nothing); arrays that
+    /// are `detach()`ed belong to it.
+    pub fn system() -> NDManager {
+        NDManager { id: engine::SYSTEM }
+    }
+
+    /// A new manager, child of the system manager.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> NDManager {
+        NDManager::system().new_sub_manager()
+    }
+
+    /// A new child of this manager. Panics if this manager is closed.
+    #[track_caller]
+    pub fn new_sub_manager(&self) -> NDManager {
+        unwrap(self.try_new_sub_manager())
+    }
+
+    /// A new child of this manager, or `ManagerClosed`.
+    pub fn try_new_sub_manager(&self) -> Result<NDManager> {
+        let id = engine::lock().new_manager(self.id, None)?;
+        Ok(NDManager { id })
+    }
+
+    /// The parent manager (`None` for the system manager or a closed manager).
+    pub fn parent(&self) -> Option<NDManager> {
+        engine::lock()
+            .manager_parent(self.id)
+            .ok()
+            .flatten()
+            .map(|id| NDManager { id })
+    }
+
+    /// The open sub-managers, in creation order except where closes reordered them.
+    pub fn children(&self) -> Vec<NDManager> {
+        let g = engine::lock();
+        g.manager_children(self.id)
+            .map(|c| c.iter().map(|&id| NDManager { id }).collect())
+            .unwrap_or_default()
+    }
+
+    /// The arrays this manager owns directly (not those of sub-managers).
+    pub fn arrays(&self) -> Vec<NDArray> {
+        let g = engine::lock();
+        g.manager_arrays(self.id)
+            .map(|c| c.iter().map(|&id| NDArray { id }).collect())
+            .unwrap_or_default()
+    }
+
+    /// The manager's name (`manager#N` unless set; kept after close).
+    pub fn name(&self) -> String {
+        let g = engine::lock();
+        match g.manager(self.id) {
+            Ok(m) => m.name.clone(),
+            Err(NdError::ManagerClosed { name }) => name,
+            Err(_) => unreachable!("manager lookups fail only with ManagerClosed"),
+        }
+    }
+
+    /// Rename the manager (shown in diagnostics).
+    pub fn set_name(&self, name: impl Into<String>) {
+        if let Ok(m) = engine::lock().manager_mut(self.id) {
+            m.name = name.into();
+        }
+    }
+
+    /// Whether the manager is open.
+    pub fn is_open(&self) -> bool {
+        engine::lock().manager(self.id).is_ok()
+    }
+
+    /// Close the manager: its sub-managers close first (recursively), then every array
+    /// it owns is freed (arrays temporarily attached here return to their home manager
+    /// instead), then its attached resources close. Idempotent. The parent forgets it at
+    /// once. Does nothing on the system manager.
+    #[track_caller]
+    pub fn close(&self) {
+        let at = Location::caller();
+        let resources = engine::lock().close_manager(self.id, at);
+        engine::close_resources(resources);
+    }
+
+    /// Stop this manager from taking new arrays (creating in it, or attaching to it,
+    /// becomes `ManagerCapped`); its sub-managers keep working.
+    pub fn cap(&self) {
+        if let Ok(m) = engine::lock().manager_mut(self.id) {
+            m.capped = true;
+        }
+    }
+
+    /// Whether the manager is capped.
+    pub fn is_capped(&self) -> bool {
+        engine::lock().manager(self.id).is_ok_and(|m| m.capped)
+    }
+
+    /// Counters for this manager and its whole subtree (zero once closed).
+    pub fn memory(&self) -> MemoryStats {
+        engine::lock()
+            .stats(self.id)
+            .map(MemoryStats::from_stats)
+            .unwrap_or_default()
+    }
+
+    /// Attach a resource: it is closed when this manager closes. If the manager is
+    /// already closed the resource is closed at once and `ManagerClosed` returned.
+    pub fn attach_resource(&self, resource: impl Resource + 'static) -> Result<()> {
+        let r = engine::lock().manager_add_resource(self.id, Box::new(resource));
+        match r {
+            Ok(()) => Ok(()),
+            Err((e, mut r)) => {
+                r.close();
+                Err(e)
+            }
+        }
+    }
+
+    /// The manager tree below (and including) this manager, one line per manager with
+    /// its direct array count and subtree bytes.
+    pub fn debug_dump(&self) -> String {
+        let g = engine::lock();
+        let mut out = String::new();
+        fn walk(g: &engine::Registry, id: Id, depth: usize, out: &mut String) {
+            let Ok(m) = g.manager(id) else { return };
+            let direct = g.manager_arrays(id).map(|a| a.len()).unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "{:indent$}{}{}: {} arrays here, subtree {} arrays / {} buffers / {} (peak {})",
+                "",
+                m.name,
+                if m.capped { " [capped]" } else { "" },
+                direct,
+                m.stats.arrays,
+                m.stats.buffers,
+                human_bytes(m.stats.bytes),
+                human_bytes(m.stats.peak),
+                indent = depth * 2
+            );
+            for &c in g.manager_children(id).unwrap_or(&[]) {
+                walk(g, c, depth + 1, out);
+            }
+        }
+        if g.manager(self.id).is_err() {
+            return format!("{} (closed)\n", self.name_locked(&g));
+        }
+        walk(&g, self.id, 0, &mut out);
+        out
+    }
+
+    fn name_locked(&self, g: &engine::Registry) -> String {
+        match g.manager(self.id) {
+            Ok(m) => m.name.clone(),
+            Err(NdError::ManagerClosed { name }) => name,
+            Err(_) => String::new(),
+        }
+    }
+
+    // ------------------------------------------------------------ creation
+
+    fn make(
+        &self,
+        op: &'static str,
+        shape: Shape,
+        dtype: DType,
+        at: SourceLocation,
+        f: impl Fn(usize) -> f64,
+    ) -> Result<NDArray> {
+        let n = check_shape(op, &shape, dtype)?;
+        engine::lock().manager(self.id)?; // fail fast before filling a buffer
+        let buf = filled(n, dtype, f)?;
+        Ok(NDArray {
+            id: engine::create(self.id, buf, shape, dtype, at)?,
+        })
+    }
+
+    /// An array holding `data` (row-major) with `shape`.
+    ///
+    /// ```
+    /// # use ndscope::NDManager;
+    /// let m = NDManager::new();
+    /// let a = m.create(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+    /// assert_eq!(a.to_vec::<f32>()?, vec![1.0, 2.0, 3.0, 4.0]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn create<T: Element>(&self, data: &[T], shape: impl Into<Shape>) -> NDArray {
+        unwrap(self.try_create(data, shape))
+    }
+
+    /// [`NDManager::create`], or `InvalidShape` when `data.len()` is not the shape's size.
+    #[track_caller]
+    pub fn try_create<T: Element>(&self, data: &[T], shape: impl Into<Shape>) -> Result<NDArray> {
+        let at = Location::caller();
+        let shape = shape.into();
+        let n = check_shape("create", &shape, T::DTYPE)?;
+        if n != data.len() {
+            return Err(NdError::shape(
+                "create",
+                format!(
+                    "{} values cannot fill shape {shape} ({n} elements)",
+                    data.len()
+                ),
+            ));
+        }
+        engine::lock().manager(self.id)?;
+        let buf = dispatch!(T::DTYPE, N => new_filled::<N>(n, |out| {
+            for (o, &x) in out.iter_mut().zip(data) {
+                *o = if T::DTYPE.is_float() { N::from_f64(x.elem_to_f64()) } else { N::from_i64(x.elem_to_i64()) };
+            }
+        }))?;
+        Ok(NDArray {
+            id: engine::create(self.id, buf, shape, T::DTYPE, at)?,
+        })
+    }
+
+    /// A scalar (0-d) array.
+    #[track_caller]
+    pub fn scalar<T: Element>(&self, value: T) -> NDArray {
+        unwrap(self.try_create(&[value], ()))
+    }
+
+    /// An array of zeros.
+    #[track_caller]
+    pub fn zeros(&self, shape: impl Into<Shape>, dtype: DType) -> NDArray {
+        unwrap(self.try_zeros(shape, dtype))
+    }
+
+    /// An array of zeros, or an error for a closed/capped manager or bad shape.
+    #[track_caller]
+    pub fn try_zeros(&self, shape: impl Into<Shape>, dtype: DType) -> Result<NDArray> {
+        self.try_full(shape, 0.0, dtype)
+    }
+
+    /// An array of ones.
+    #[track_caller]
+    pub fn ones(&self, shape: impl Into<Shape>, dtype: DType) -> NDArray {
+        unwrap(self.try_ones(shape, dtype))
+    }
+
+    /// An array of ones, or an error.
+    #[track_caller]
+    pub fn try_ones(&self, shape: impl Into<Shape>, dtype: DType) -> Result<NDArray> {
+        self.try_full(shape, 1.0, dtype)
+    }
+
+    /// An array filled with `value` (converted to `dtype`).
+    #[track_caller]
+    pub fn full(&self, shape: impl Into<Shape>, value: f64, dtype: DType) -> NDArray {
+        unwrap(self.try_full(shape, value, dtype))
+    }
+
+    /// An array filled with `value`, or an error.
+    #[track_caller]
+    pub fn try_full(&self, shape: impl Into<Shape>, value: f64, dtype: DType) -> Result<NDArray> {
+        self.make("full", shape.into(), dtype, Location::caller(), |_| value)
+    }
+
+    /// `start, start + step, ...` below `stop` (numpy's `arange`), 1-D.
+    #[track_caller]
+    pub fn arange(&self, start: f64, stop: f64, step: f64, dtype: DType) -> NDArray {
+        unwrap(self.try_arange(start, stop, step, dtype))
+    }
+
+    /// [`NDManager::arange`], or `InvalidArgument` for a zero or non-finite step.
+    #[track_caller]
+    pub fn try_arange(&self, start: f64, stop: f64, step: f64, dtype: DType) -> Result<NDArray> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !stop.is_finite() {
+            return Err(NdError::invalid(
+                "arange",
+                format!(
+                    "start {start}, stop {stop}, step {step}: need finite values and a non-zero step"
+                ),
+            ));
+        }
+        let n = ((stop - start) / step).ceil().max(0.0) as usize;
+        self.make("arange", Shape::from([n]), dtype, Location::caller(), |i| {
+            start + i as f64 * step
+        })
+    }
+
+    /// `num` evenly spaced values from `start` to `stop` inclusive, 1-D.
+    #[track_caller]
+    pub fn linspace(&self, start: f64, stop: f64, num: usize, dtype: DType) -> NDArray {
+        unwrap(self.try_linspace(start, stop, num, dtype))
+    }
+
+    /// [`NDManager::linspace`], or an error.
+    #[track_caller]
+    pub fn try_linspace(&self, start: f64, stop: f64, num: usize, dtype: DType) -> Result<NDArray> {
+        let step = if num > 1 {
+            (stop - start) / (num - 1) as f64
+        } else {
+            0.0
+        };
+        self.make(
+            "linspace",
+            Shape::from([num]),
+            dtype,
+            Location::caller(),
+            |i| {
+                if i + 1 == num && num > 1 {
+                    stop
+                } else {
+                    start + i as f64 * step
+                }
+            },
+        )
+    }
+
+    /// The `n x n` identity matrix.
+    #[track_caller]
+    pub fn eye(&self, n: usize, dtype: DType) -> NDArray {
+        unwrap(self.try_eye(n, dtype))
+    }
+
+    /// [`NDManager::eye`], or an error.
+    #[track_caller]
+    pub fn try_eye(&self, n: usize, dtype: DType) -> Result<NDArray> {
+        self.make("eye", Shape::from([n, n]), dtype, Location::caller(), |i| {
+            (i / n.max(1) == i % n.max(1)) as u8 as f64
+        })
+    }
+
+    /// Samples of N(`loc`, `scale`²); seed with [`random::seed`].
+    #[track_caller]
+    pub fn random_normal(
+        &self,
+        loc: f64,
+        scale: f64,
+        shape: impl Into<Shape>,
+        dtype: DType,
+    ) -> NDArray {
+        unwrap(self.try_random_normal(loc, scale, shape, dtype))
+    }
+
+    /// [`NDManager::random_normal`], or an error (also for a negative or NaN scale).
+    #[track_caller]
+    pub fn try_random_normal(
+        &self,
+        loc: f64,
+        scale: f64,
+        shape: impl Into<Shape>,
+        dtype: DType,
+    ) -> Result<NDArray> {
+        let at = Location::caller();
+        let shape = shape.into();
+        let n = check_shape("random_normal", &shape, dtype)?;
+        let values = random::normal(loc, scale, n)?;
+        self.make("random_normal", shape, dtype, at, |i| values[i])
+    }
+
+    /// Samples of U[`low`, `high`).
+    #[track_caller]
+    pub fn random_uniform(
+        &self,
+        low: f64,
+        high: f64,
+        shape: impl Into<Shape>,
+        dtype: DType,
+    ) -> NDArray {
+        unwrap(self.try_random_uniform(low, high, shape, dtype))
+    }
+
+    /// [`NDManager::random_uniform`], or an error (also when `low > high` or either is
+    /// not finite).
+    #[track_caller]
+    pub fn try_random_uniform(
+        &self,
+        low: f64,
+        high: f64,
+        shape: impl Into<Shape>,
+        dtype: DType,
+    ) -> Result<NDArray> {
+        let at = Location::caller();
+        let shape = shape.into();
+        let n = check_shape("random_uniform", &shape, dtype)?;
+        let values = random::uniform(low, high, n)?;
+        self.make("random_uniform", shape, dtype, at, |i| values[i])
+    }
+
+    /// Uniform random integers in `[low, high)`.
+    #[track_caller]
+    pub fn random_integer(
+        &self,
+        low: i64,
+        high: i64,
+        shape: impl Into<Shape>,
+        dtype: DType,
+    ) -> NDArray {
+        unwrap(self.try_random_integer(low, high, shape, dtype))
+    }
+
+    /// [`NDManager::random_integer`], or an error when `low >= high`.
+    #[track_caller]
+    pub fn try_random_integer(
+        &self,
+        low: i64,
+        high: i64,
+        shape: impl Into<Shape>,
+        dtype: DType,
+    ) -> Result<NDArray> {
+        let at = Location::caller();
+        let shape = shape.into();
+        let n = check_shape("random_integer", &shape, dtype)?;
+        let values = random::integers(low, high, n)?;
+        engine::lock().manager(self.id)?;
+        let buf = dispatch!(dtype, T => new_filled::<T>(n, |out| {
+            for (o, &v) in out.iter_mut().zip(&values) {
+                *o = T::from_i64(v);
+            }
+        }))?;
+        Ok(NDArray {
+            id: engine::create(self.id, buf, shape, dtype, at)?,
+        })
+    }
+}
