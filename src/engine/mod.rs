@@ -218,10 +218,11 @@ impl Operand<'_> {
     }
 }
 
-/// The writable target of an in-place op.
+/// The writable target of an in-place op. `layout` may be narrowed (e.g. to a slice
+/// of the target) before writing; it must stay within the target's buffer.
 pub(crate) struct OperandMut<'a> {
     buf: &'a Buffer,
-    pub layout: &'a Layout,
+    pub layout: Layout,
     pub dtype: DType,
     pub id: Id,
     pub created_at: SourceLocation,
@@ -971,7 +972,7 @@ pub(crate) fn run_inplace(
     }
     let t = OperandMut {
         buf: tbuf,
-        layout: &r.layout,
+        layout: r.layout.clone(),
         dtype: r.dtype,
         id: target,
         created_at: r.created_at,
