@@ -31,8 +31,8 @@
 //!
 //! let t = ndscope::scope(|| w * 2.0);        // escapes: the caller owns it
 //! t.close();
-//! let err = (t + 1.0f32).to_vec::<f32>();    // never reached: `t + 1.0` panics, use try_add
-//! # let _ = err;
+//! let err = t.try_add(1.0).unwrap_err();     // `t + 1.0` would panic with this message
+//! assert!(err.to_string().contains("was closed at"));
 //! # Ok::<(), NdError>(())
 //! ```
 //!
@@ -57,3 +57,8 @@ pub use error::{ArrayDesc, CloseReason, ClosedInfo, NdError, Result, SourceLocat
 pub use manager::NDManager;
 pub use scope::{Escape, NDList, NDScope, scope};
 pub use shape::Shape;
+
+/// The README's examples, compiled and run as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
