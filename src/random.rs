@@ -41,14 +41,14 @@ fn with_rng<R>(f: impl FnOnce(&mut SmallRng) -> R) -> R {
 }
 
 pub(crate) fn normal(loc: f64, scale: f64, n: usize) -> Result<Vec<f64>> {
-    let dist = Normal::new(loc, scale)
-        .map_err(|e| NdError::invalid("random_normal", format!("loc {loc}, scale {scale}: {e}")))?;
-    if !loc.is_finite() {
+    if !loc.is_finite() || !(scale.is_finite() && scale >= 0.0) {
         return Err(NdError::invalid(
             "random_normal",
-            format!("loc {loc} is not finite"),
+            format!("need a finite loc and a finite scale >= 0, got loc {loc}, scale {scale}"),
         ));
     }
+    let dist = Normal::new(loc, scale)
+        .map_err(|e| NdError::invalid("random_normal", format!("loc {loc}, scale {scale}: {e}")))?;
     Ok(with_rng(|r| (0..n).map(|_| dist.sample(r)).collect()))
 }
 

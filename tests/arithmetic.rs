@@ -1,0 +1,306 @@
+//! Elementwise arithmetic, comparisons, unary math and in-place ops against
+//! hand-computed values, for every dtype where the op is defined.
+
+use ndscope::{DType, NDManager, NdError};
+
+#[test]
+fn operators_with_literals_infer() {
+    let m = NDManager::new();
+    let a = m.create(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+    let z = m.zeros([2, 2], DType::F32);
+    let c = a + z * 2.0 + 1;
+    assert_eq!(c.shape().dims(), &[2, 2]);
+    assert_eq!(c.to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0, 5.0]);
+    let d = 2.0 * a - 1;
+    assert_eq!(d.to_vec::<f32>().unwrap(), vec![1.0, 3.0, 5.0, 7.0]);
+    let e = 10 - a;
+    assert_eq!(e.to_vec::<f32>().unwrap(), vec![9.0, 8.0, 7.0, 6.0]);
+    let f = 1.0 / a;
+    assert_eq!(f.to_vec::<f32>().unwrap(), vec![1.0, 0.5, 1.0 / 3.0, 0.25]);
+    let g = -a / 2.0f32;
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![-0.5, -1.0, -1.5, -2.0]);
+    m.close();
+}
+
+#[test]
+fn broadcasting_follows_numpy() {
+    let m = NDManager::new();
+    let col = m.create(&[1i32, 2, 3], [3, 1]);
+    let row = m.create(&[10i32, 20], [2]);
+    let s = col + row;
+    assert_eq!(s.shape().dims(), &[3, 2]);
+    assert_eq!(s.to_vec::<i32>().unwrap(), vec![11, 21, 12, 22, 13, 23]);
+    let scalar = m.scalar(5i32);
+    assert_eq!((row * scalar).to_vec::<i32>().unwrap(), vec![50, 100]);
+    let bad = m.create(&[1i32, 2, 3], [3]);
+    let e = row.try_add(bad).unwrap_err();
+    assert!(matches!(e, NdError::ShapeMismatch { op: "add", .. }), "{e}");
+    assert!(
+        e.to_string().contains("[2] and [3] cannot be broadcast"),
+        "{e}"
+    );
+    m.close();
+}
+
+#[test]
+fn integer_semantics() {
+    let m = NDManager::new();
+    let a = m.create(&[7i64, -7, 5, i64::MAX], [4]);
+    let b = m.create(&[2i64, 2, 0, 1], [4]);
+    assert_eq!((a / b).to_vec::<i64>().unwrap(), vec![3, -3, 0, i64::MAX]);
+    assert_eq!(
+        (a + 1).to_vec::<i64>().unwrap()[3],
+        i64::MIN,
+        "wraps like numpy"
+    );
+    let p = m.create(&[2u8, 3, 4], [3]).pow(2);
+    assert_eq!(p.to_vec::<u8>().unwrap(), vec![4, 9, 16]);
+    assert_eq!(
+        m.create(&[-3i32, 4], [2]).abs().to_vec::<i32>().unwrap(),
+        vec![3, 4]
+    );
+    assert_eq!(
+        m.create(&[-3i32, 4], [2]).relu().to_vec::<i32>().unwrap(),
+        vec![0, 4]
+    );
+    // Scalars take the array's dtype.
+    assert_eq!(
+        (m.create(&[3i32], [1]) * 2.5).to_vec::<i32>().unwrap(),
+        vec![6]
+    );
+    m.close();
+}
+
+#[test]
+fn unary_float_math() {
+    let m = NDManager::new();
+    let x = m.create(&[0.0f64, 1.0, 4.0], [3]);
+    let close = |a: Vec<f64>, b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-12);
+    assert!(close(
+        x.exp().to_vec().unwrap(),
+        &[1.0, 1f64.exp(), 4f64.exp()]
+    ));
+    assert!(close(x.sqrt().to_vec().unwrap(), &[0.0, 1.0, 2.0]));
+    assert!(close(x.square().to_vec().unwrap(), &[0.0, 1.0, 16.0]));
+    assert!(close(
+        x.sin().to_vec().unwrap(),
+        &[0.0, 1f64.sin(), 4f64.sin()]
+    ));
+    assert!(close(
+        x.cos().to_vec().unwrap(),
+        &[1.0, 1f64.cos(), 4f64.cos()]
+    ));
+    assert!(close(
+        x.tanh().to_vec().unwrap(),
+        &[0.0, 1f64.tanh(), 4f64.tanh()]
+    ));
+    assert!(close(
+        x.sigmoid().to_vec().unwrap(),
+        &[
+            0.5,
+            1.0 / (1.0 + (-1f64).exp()),
+            1.0 / (1.0 + (-4f64).exp())
+        ]
+    ));
+    let l = x.log().to_vec::<f64>().unwrap();
+    assert_eq!(l[0], f64::NEG_INFINITY);
+    assert!((l[2] - 4f64.ln()).abs() < 1e-12);
+    let i = m.create(&[1i32], [1]);
+    let e = i.try_exp().unwrap_err();
+    assert!(matches!(
+        e,
+        NdError::UnsupportedDType {
+            op: "exp",
+            dtype: DType::I32,
+            ..
+        }
+    ));
+    m.close();
+}
+
+#[test]
+fn comparisons_give_bool() {
+    let m = NDManager::new();
+    let a = m.create(&[1.0f32, 2.0, 3.0], [3]);
+    let b = m.create(&[3.0f32, 2.0, 1.0], [3]);
+    let gt = a.gt(b);
+    assert_eq!(gt.dtype(), DType::Bool);
+    assert_eq!(gt.to_vec::<bool>().unwrap(), vec![false, false, true]);
+    assert_eq!(a.eq(b).to_vec::<bool>().unwrap(), vec![false, true, false]);
+    assert_eq!(a.ne(b).to_vec::<bool>().unwrap(), vec![true, false, true]);
+    assert_eq!(a.ge(2.0).to_vec::<bool>().unwrap(), vec![false, true, true]);
+    assert_eq!(a.lt(2).to_vec::<bool>().unwrap(), vec![true, false, false]);
+    assert_eq!(a.le(b).to_vec::<bool>().unwrap(), vec![true, true, false]);
+    // Arithmetic on Bool is refused, comparisons work.
+    assert!(matches!(
+        gt.try_add(gt),
+        Err(NdError::UnsupportedDType { .. })
+    ));
+    assert_eq!(gt.eq(gt).to_vec::<bool>().unwrap(), vec![true; 3]);
+    // NaN compares unequal and propagates through maximum.
+    let n = m.create(&[f32::NAN, 1.0], [2]);
+    assert_eq!(n.eq(n).to_vec::<bool>().unwrap(), vec![false, true]);
+    assert!(n.maximum(0.0).to_vec::<f32>().unwrap()[0].is_nan());
+    assert_eq!(n.minimum(0.5).to_vec::<f32>().unwrap()[1], 0.5);
+    m.close();
+}
+
+#[test]
+fn in_place_ops_write_through_and_keep_identity() {
+    let m = NDManager::new();
+    let mut w = m.create(&[1.0f64, 2.0, 3.0, 4.0], [2, 2]);
+    let id = w.uid();
+    let before = m.memory().live_arrays;
+    w += 1.0;
+    w *= m.create(&[2.0f64, 3.0], [2]); // broadcast rhs
+    w -= w; // aliasing input
+    w /= 2;
+    assert_eq!(w.uid(), id);
+    assert_eq!(w.to_vec::<f64>().unwrap(), vec![0.0; 4]);
+    assert_eq!(
+        m.memory().live_arrays,
+        before + 1,
+        "only the [2] operand was created"
+    );
+    let small = m.zeros([2], DType::F64);
+    let e = small.try_addi(w).unwrap_err();
+    assert!(matches!(e, NdError::ShapeMismatch { .. }), "{e}");
+    let e = w.try_addi(m.zeros([2, 2], DType::F32)).unwrap_err();
+    assert!(matches!(e, NdError::DTypeMismatch { .. }), "{e}");
+    m.close();
+}
+
+#[test]
+fn dtype_mismatch_is_typed_and_names_both_arrays() {
+    let m = NDManager::new();
+    let a = m.zeros([2], DType::F32);
+    let b = m.zeros([2], DType::F64);
+    let e = a.try_mul(b).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.starts_with("mul: dtype mismatch f32 vs f64"), "{msg}");
+    assert!(msg.contains(&format!("#{}", a.uid())) && msg.contains(&format!("#{}", b.uid())));
+    assert!(msg.contains(file!()), "{msg}");
+    let before = m.memory();
+    let r = std::panic::catch_unwind(|| a * b);
+    assert_eq!(*r.unwrap_err().downcast::<String>().unwrap(), msg);
+    assert_eq!(
+        m.memory(),
+        before,
+        "no temporaries left behind by the error"
+    );
+    m.close();
+}
+
+#[test]
+fn creation_functions() {
+    let m = NDManager::new();
+    assert_eq!(
+        m.arange(0.0, 5.0, 2.0, DType::I32).to_vec::<i32>().unwrap(),
+        vec![0, 2, 4]
+    );
+    assert_eq!(
+        m.linspace(0.0, 1.0, 5, DType::F64).to_vec::<f64>().unwrap(),
+        vec![0.0, 0.25, 0.5, 0.75, 1.0]
+    );
+    assert_eq!(
+        m.eye(2, DType::U8).to_vec::<u8>().unwrap(),
+        vec![1, 0, 0, 1]
+    );
+    assert_eq!(
+        m.full([2], 2.5, DType::F32).to_vec::<f32>().unwrap(),
+        vec![2.5, 2.5]
+    );
+    assert_eq!(
+        m.ones([2], DType::Bool).to_vec::<bool>().unwrap(),
+        vec![true, true]
+    );
+    assert_eq!(m.scalar(3i64).shape().ndim(), 0);
+    assert_eq!(m.scalar(3i64).to_scalar::<i64>().unwrap(), 3);
+    ndscope::random::seed(1);
+    let u = m
+        .random_uniform(2.0, 3.0, [1000], DType::F64)
+        .to_vec::<f64>()
+        .unwrap();
+    assert!(u.iter().all(|&x| (2.0..3.0).contains(&x)));
+    let n = m
+        .random_normal(1.0, 0.1, [10_000], DType::F64)
+        .to_vec::<f64>()
+        .unwrap();
+    let mean = n.iter().sum::<f64>() / n.len() as f64;
+    assert!((mean - 1.0).abs() < 0.01, "{mean}");
+    let r = m
+        .random_integer(-2, 3, [1000], DType::I64)
+        .to_vec::<i64>()
+        .unwrap();
+    assert!(r.iter().all(|&x| (-2..3).contains(&x)));
+    assert!(r.contains(&-2) && r.contains(&2));
+    assert!(matches!(
+        m.try_create(&[1.0f32, 2.0], [3]),
+        Err(NdError::InvalidShape { .. })
+    ));
+    assert!(matches!(
+        m.try_arange(0.0, 1.0, 0.0, DType::F32),
+        Err(NdError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        m.try_random_integer(3, 3, [1], DType::I32),
+        Err(NdError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        m.try_random_normal(0.0, -1.0, [1], DType::F32),
+        Err(NdError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        m.try_zeros([usize::MAX, 2], DType::F32),
+        Err(NdError::InvalidShape { .. })
+    ));
+    assert!(matches!(
+        m.try_zeros([1 << 62], DType::F32),
+        Err(NdError::InvalidShape { .. })
+    ));
+    assert!(matches!(
+        m.try_zeros([1 << 60], DType::U8),
+        Err(NdError::OutOfMemory { .. })
+    ));
+    assert!(matches!(
+        m.create(&[1.0f32], [1]).to_vec::<f64>(),
+        Err(NdError::ElementType { .. })
+    ));
+    m.close();
+}
+
+#[test]
+fn seeded_runs_repeat() {
+    let m = NDManager::new();
+    ndscope::random::seed(42);
+    let a = m
+        .random_normal(0.0, 1.0, [5], DType::F32)
+        .to_vec::<f32>()
+        .unwrap();
+    ndscope::random::seed(42);
+    let b = m
+        .random_normal(0.0, 1.0, [5], DType::F32)
+        .to_vec::<f32>()
+        .unwrap();
+    assert_eq!(a, b);
+    m.close();
+}
+
+#[test]
+fn large_arrays_take_the_unlocked_path_correctly() {
+    let m = NDManager::new();
+    let n = 1 << 20;
+    let a = m.arange(0.0, n as f64, 1.0, DType::F32);
+    let b = m.ones([n], DType::F32);
+    let c = (a + b).to_vec::<f32>().unwrap();
+    assert_eq!(c[0], 1.0);
+    assert_eq!(c[n - 1], n as f32);
+    let col = m.ones([n / 4, 1], DType::F32);
+    let row = m.create(&[1.0f32, 2.0, 3.0, 4.0], [4]);
+    let s = (col * row).to_vec::<f32>().unwrap();
+    assert_eq!(&s[..8], &[1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]);
+    let mut w = m.zeros([n], DType::F32);
+    w += a;
+    assert_eq!(w.to_vec::<f32>().unwrap()[n - 1], (n - 1) as f32);
+    m.close();
+}
