@@ -155,9 +155,9 @@ pub enum NdError {
         /// The operation.
         op: &'static str,
         /// Left operand.
-        lhs: ArrayDesc,
+        lhs: Box<ArrayDesc>,
         /// Right operand.
-        rhs: ArrayDesc,
+        rhs: Box<ArrayDesc>,
     },
     /// A shape is invalid for the operation (wrong element count, overflow, ...).
     #[error("{op}: invalid shape: {msg}")]
@@ -175,7 +175,7 @@ pub enum NdError {
         /// The requested axis.
         axis: isize,
         /// The array.
-        array: ArrayDesc,
+        array: Box<ArrayDesc>,
     },
     /// An index or slice is invalid.
     #[error("{op}: {msg} for {array}")]
@@ -185,7 +185,7 @@ pub enum NdError {
         /// What is wrong.
         msg: String,
         /// The array.
-        array: ArrayDesc,
+        array: Box<ArrayDesc>,
     },
 
     // ---- dtype errors ----
@@ -195,9 +195,9 @@ pub enum NdError {
         /// The operation.
         op: &'static str,
         /// Left operand.
-        lhs: ArrayDesc,
+        lhs: Box<ArrayDesc>,
         /// Right operand.
-        rhs: ArrayDesc,
+        rhs: Box<ArrayDesc>,
     },
     /// The operation is not defined for this dtype.
     #[error("{op} is not defined for dtype {dtype} ({array})")]
@@ -207,7 +207,7 @@ pub enum NdError {
         /// The dtype.
         dtype: DType,
         /// The array.
-        array: ArrayDesc,
+        array: Box<ArrayDesc>,
     },
     /// A Rust element type does not match the array's dtype.
     #[error("{op}: requested {requested} but the array holds {}: {array}", array.dtype)]
@@ -217,7 +217,7 @@ pub enum NdError {
         /// The requested dtype.
         requested: DType,
         /// The array.
-        array: ArrayDesc,
+        array: Box<ArrayDesc>,
     },
 
     // ---- resource errors ----

@@ -41,7 +41,7 @@ fn with_rng<R>(f: impl FnOnce(&mut SmallRng) -> R) -> R {
 }
 
 pub(crate) fn normal(loc: f64, scale: f64, n: usize) -> Result<Vec<f64>> {
-    if !loc.is_finite() || !(scale.is_finite() && scale >= 0.0) {
+    if !(loc.is_finite() && scale.is_finite() && scale >= 0.0) {
         return Err(NdError::invalid(
             "random_normal",
             format!("need a finite loc and a finite scale >= 0, got loc {loc}, scale {scale}"),

@@ -208,13 +208,13 @@ impl Operand<'_> {
         self.buf.bytes()
     }
 
-    pub(crate) fn desc(&self) -> ArrayDesc {
-        ArrayDesc {
+    pub(crate) fn desc(&self) -> Box<ArrayDesc> {
+        Box::new(ArrayDesc {
             uid: self.id.uid(),
             shape: self.layout.shape.clone(),
             dtype: self.dtype,
             created_at: self.created_at,
-        }
+        })
     }
 }
 
@@ -237,13 +237,13 @@ impl OperandMut<'_> {
         unsafe { self.buf.slice_mut::<T>() }
     }
 
-    pub(crate) fn desc(&self) -> ArrayDesc {
-        ArrayDesc {
+    pub(crate) fn desc(&self) -> Box<ArrayDesc> {
+        Box::new(ArrayDesc {
             uid: self.id.uid(),
             shape: self.layout.shape.clone(),
             dtype: self.dtype,
             created_at: self.created_at,
-        }
+        })
     }
 }
 
@@ -325,14 +325,14 @@ impl Registry {
         Ok(())
     }
 
-    pub(crate) fn desc(&self, id: Id) -> Result<ArrayDesc> {
+    pub(crate) fn desc(&self, id: Id) -> Result<Box<ArrayDesc>> {
         let r = self.array(id)?;
-        Ok(ArrayDesc {
+        Ok(Box::new(ArrayDesc {
             uid: id.uid(),
             shape: r.layout.shape.clone(),
             dtype: r.dtype,
             created_at: r.created_at,
-        })
+        }))
     }
 
     pub(crate) fn operand(&self, id: Id) -> Result<Operand<'_>> {
@@ -854,19 +854,19 @@ pub(crate) fn run_op(
         return register_output(&mut g, mgr, out, &buffers, inputs, at);
     }
     // Large work: compute on snapshots with the lock released.
-    let snaps: SmallVec<[(Arc<Buffer>, Layout, DType, Id, SourceLocation, Id); 3]> = ops
+    let snaps: SmallVec<[Snapshot; 3]> = ops
         .iter()
         .map(|o| {
-            let arc = g.buffers.get(o.buffer_id).expect("live").buf.clone();
-            arc.begin_outside_read();
-            (
-                arc,
-                o.layout.clone(),
-                o.dtype,
-                o.id,
-                o.created_at,
-                o.buffer_id,
-            )
+            let buf = g.buffers.get(o.buffer_id).expect("live").buf.clone();
+            buf.begin_outside_read();
+            Snapshot {
+                buf,
+                layout: o.layout.clone(),
+                dtype: o.dtype,
+                id: o.id,
+                created_at: o.created_at,
+                buffer_id: o.buffer_id,
+            }
         })
         .collect();
     drop(ops);
@@ -874,29 +874,39 @@ pub(crate) fn run_op(
     let out = {
         let ops: SmallVec<[Operand<'_>; 3]> = snaps
             .iter()
-            .map(|(b, l, d, id, c, bid)| Operand {
-                buf: b,
-                layout: l,
-                dtype: *d,
-                id: *id,
-                created_at: c,
-                buffer_id: *bid,
+            .map(|s| Operand {
+                buf: &s.buf,
+                layout: &s.layout,
+                dtype: s.dtype,
+                id: s.id,
+                created_at: s.created_at,
+                buffer_id: s.buffer_id,
             })
             .collect();
         f(&ops)
     };
     for s in &snaps {
-        s.0.end_outside_read();
+        s.buf.end_outside_read();
     }
     let mut g = lock();
     let out = out?;
-    let buffers: SmallVec<[Id; 3]> = snaps.iter().map(|s| s.5).collect();
+    let buffers: SmallVec<[Id; 3]> = snaps.iter().map(|s| s.buffer_id).collect();
     // An input may have been freed meanwhile: a view of it can no longer be made.
     if let Output::View { of, .. } = &out {
         g.array(inputs[*of])?;
     }
     drop(snaps);
     register_output(&mut g, mgr, out, &buffers, inputs, at)
+}
+
+/// An op input held across the unlocked compute of a large op.
+struct Snapshot {
+    buf: Arc<Buffer>,
+    layout: Layout,
+    dtype: DType,
+    id: Id,
+    created_at: SourceLocation,
+    buffer_id: Id,
 }
 
 fn register_output(
