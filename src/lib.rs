@@ -50,7 +50,10 @@ mod scope;
 mod shape;
 
 pub use array::{NDArray, Rhs};
-pub use diag::{MemoryStats, config, memory, reset_peak};
+pub use diag::{
+    LeakReport, LeakSite, LeakWarning, LeakWatch, MemoryStats, assert_no_leaks, check_leaks,
+    config, leak_report, memory, reset_peak,
+};
 pub use dtype::{DType, Element, Scalar, ScalarValue};
 pub use engine::Resource;
 pub use error::{ArrayDesc, CloseReason, ClosedInfo, NdError, Result, SourceLocation};

@@ -3,6 +3,11 @@
 use crate::engine;
 use std::fmt;
 
+mod leaks;
+pub use leaks::{
+    LeakReport, LeakSite, LeakWarning, LeakWatch, assert_no_leaks, check_leaks, leak_report,
+};
+
 pub mod config {
     //! Process-wide settings.
     //!

@@ -307,8 +307,18 @@ impl Registry {
         Ok(&self.manager(id)?.arrays)
     }
 
-    pub(crate) fn managers_live(&self) -> usize {
-        self.managers.len()
+    /// Bytes charged to this array: its buffer's size if it is the buffer's first
+    /// holder, else 0 (views share their base's bytes).
+    pub(crate) fn charged_bytes(&self, id: Id) -> usize {
+        let Some(r) = self.arrays.get(id) else {
+            return 0;
+        };
+        let meta = self.buffers.get(r.buffer).expect("live buffer");
+        if meta.holders.first() == Some(&id) {
+            meta.buf.bytes()
+        } else {
+            0
+        }
     }
 
     pub(crate) fn scope_rec(&self, id: Id) -> Option<&ScopeRec> {
