@@ -1,1 +1,368 @@
-//! placeholder
+//! Indexing with DJL/numpy-style index strings: `a.get("1:3, :, 0")`, `a.set("..., 0", 1.0)`.
+//!
+//! Grammar: comma-separated items, one per axis from the left, each one of
+//! * an integer `i` (negative counts from the end): selects one position and removes
+//!   the axis; out of range is an error;
+//! * a slice `start:stop` or `start:stop:step`, any part optional (`:`, `1:`, `::2`,
+//!   `5::-1`): keeps the axis; bounds clamp like Python, the step must not be 0 and may
+//!   be negative (the result then walks the axis backwards);
+//! * `...`: as many `:` as needed to cover the axes not named (at most one).
+//!
+//! Axes left over at the end are taken whole. The empty string selects everything.
+
+use super::NDArray;
+use super::ops::Rhs;
+use crate::DType;
+use crate::dtype::{Native, ScalarValue, dispatch};
+use crate::engine::{self, Layout, Output, kernels};
+use crate::error::{ArrayDesc, NdError, Result, SourceLocation, unwrap};
+use crate::shape::{Dims, Shape};
+use std::panic::Location;
+
+/// One parsed index item.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Item {
+    Index(isize),
+    Slice(Option<isize>, Option<isize>, Option<isize>),
+    Ellipsis,
+}
+
+fn parse_int(s: &str, what: &str) -> std::result::Result<isize, String> {
+    s.parse::<isize>()
+        .map_err(|_| format!("invalid {what} '{s}' (expected an integer)"))
+}
+
+fn parse(index: &str) -> std::result::Result<Vec<Item>, String> {
+    let trimmed = index.trim();
+    if trimmed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut parts: Vec<&str> = trimmed.split(',').map(str::trim).collect();
+    // Python accepts one trailing comma (`a[1,]`).
+    if parts.len() > 1 && parts.last() == Some(&"") {
+        parts.pop();
+    }
+    let mut items = Vec::with_capacity(parts.len());
+    for (k, p) in parts.iter().enumerate() {
+        if p.is_empty() {
+            return Err(format!("empty item {k} in index '{index}'"));
+        }
+        if *p == "..." {
+            if items.contains(&Item::Ellipsis) {
+                return Err(format!("more than one '...' in index '{index}'"));
+            }
+            items.push(Item::Ellipsis);
+        } else if p.contains(':') {
+            let bounds: Vec<&str> = p.split(':').map(str::trim).collect();
+            if bounds.len() > 3 {
+                return Err(format!("slice '{p}' has more than two ':'"));
+            }
+            let part = |i: usize, what: &str| -> std::result::Result<Option<isize>, String> {
+                match bounds.get(i) {
+                    None | Some(&"") => Ok(None),
+                    Some(s) => parse_int(s, what).map(Some),
+                }
+            };
+            let step = part(2, "slice step")?;
+            if step == Some(0) {
+                return Err(format!("slice step cannot be zero in '{p}'"));
+            }
+            items.push(Item::Slice(
+                part(0, "slice start")?,
+                part(1, "slice stop")?,
+                step,
+            ));
+        } else {
+            items.push(Item::Index(parse_int(p, "index")?));
+        }
+    }
+    Ok(items)
+}
+
+/// Start and length of a Python slice over an axis of size `n` (i128 so extreme bounds
+/// and steps cannot overflow).
+fn slice_range(n: usize, start: Option<isize>, stop: Option<isize>, step: isize) -> (i128, i128) {
+    let n = n as i128;
+    let step = step as i128;
+    let norm = |v: isize| {
+        let v = v as i128;
+        if v < 0 { v + n } else { v }
+    };
+    if step > 0 {
+        let start = start.map_or(0, |v| norm(v).clamp(0, n));
+        let stop = stop.map_or(n, |v| norm(v).clamp(0, n));
+        let len = if stop > start {
+            (stop - start + step - 1) / step
+        } else {
+            0
+        };
+        (start, len)
+    } else {
+        // -1 stands for "before the first element".
+        let start = start.map_or(n - 1, |v| norm(v).clamp(-1, n - 1));
+        let stop = stop.map_or(-1, |v| norm(v).clamp(-1, n - 1));
+        let len = if start > stop {
+            (start - stop - step - 1) / -step
+        } else {
+            0
+        };
+        (start, len)
+    }
+}
+
+/// The layout `index` selects from `layout`; the message on error.
+pub(crate) fn select(layout: &Layout, index: &str) -> std::result::Result<Layout, String> {
+    let items = parse(index)?;
+    let nd = layout.shape.ndim();
+    let named = items.iter().filter(|i| **i != Item::Ellipsis).count();
+    if named > nd {
+        return Err(format!(
+            "too many indices: '{index}' names {named} axes of a {nd}-d array"
+        ));
+    }
+    let mut shape = Dims::new();
+    let mut strides = crate::engine::layout::Strides::new();
+    let mut offset = layout.offset as i128;
+    let expanded = items.iter().flat_map(|&it| {
+        let reps = if it == Item::Ellipsis { nd - named } else { 1 };
+        std::iter::repeat_n(it, reps)
+    });
+    let rest = std::iter::repeat(Item::Slice(None, None, None));
+    for (axis, it) in expanded.chain(rest).take(nd).enumerate() {
+        let (n, stride) = (layout.shape.0[axis], layout.strides[axis]);
+        match it {
+            Item::Index(i) => {
+                let j = if i < 0 {
+                    i as i128 + n as i128
+                } else {
+                    i as i128
+                };
+                if j < 0 || j >= n as i128 {
+                    return Err(format!(
+                        "index {i} is out of bounds for axis {axis} with size {n}"
+                    ));
+                }
+                offset += j * stride as i128;
+            }
+            Item::Slice(start, stop, step) => {
+                let step = step.unwrap_or(1);
+                let (start, len) = slice_range(n, start, stop, step);
+                if len > 0 {
+                    offset += start * stride as i128;
+                }
+                shape.push(len as usize);
+                // A longer slice stays inside the axis, so `stride * step` is bounded
+                // by the buffer size; a single element's stride is never used.
+                strides.push(if len > 1 { stride * step } else { stride });
+            }
+            Item::Ellipsis => {
+                shape.push(n);
+                strides.push(stride);
+            }
+        }
+    }
+    Ok(Layout {
+        shape: Shape(shape),
+        strides,
+        offset: offset as usize,
+    })
+}
+
+fn index_error(op: &'static str, msg: String, array: ArrayDesc) -> NdError {
+    NdError::Index { op, msg, array }
+}
+
+fn get(x: NDArray, index: &str, at: SourceLocation) -> Result<NDArray> {
+    let id = engine::run_op(&[x.id], at, |o| {
+        let o = &o[0];
+        let layout = select(o.layout, index).map_err(|m| index_error("get", m, o.desc()))?;
+        Ok(Output::View { of: 0, layout })
+    })?;
+    Ok(NDArray { id })
+}
+
+/// `s` as a `T`, with `Bool` targets storing `0`/`1`.
+fn scalar_as<T: Native>(s: ScalarValue, dtype: DType) -> T {
+    if dtype != DType::Bool {
+        return s.cast();
+    }
+    let nonzero = match s {
+        ScalarValue::Float(v) => v != 0.0,
+        ScalarValue::Int(v) => v != 0,
+    };
+    T::from_i64(nonzero as i64)
+}
+
+fn set(x: NDArray, index: &str, value: Rhs) -> Result<()> {
+    let ids = match value {
+        Rhs::Array(v) => vec![v.id],
+        Rhs::Scalar(_) => Vec::new(),
+    };
+    engine::run_inplace(x.id, &ids, |mut t, ops| {
+        let sub = select(&t.layout, index).map_err(|m| index_error("set", m, t.desc()))?;
+        match value {
+            Rhs::Array(_) => {
+                let v = &ops[0];
+                if v.dtype != t.dtype {
+                    return Err(NdError::DTypeMismatch {
+                        op: "set",
+                        lhs: t.desc(),
+                        rhs: v.desc(),
+                    });
+                }
+                if Shape::broadcast(&sub.shape, v.shape()).as_ref() != Some(&sub.shape) {
+                    let mut region = t.desc();
+                    region.shape = sub.shape.clone();
+                    return Err(NdError::ShapeMismatch {
+                        op: "set",
+                        lhs: region,
+                        rhs: v.desc(),
+                    });
+                }
+                t.layout = sub;
+                dispatch!(t.dtype, T => kernels::assign_binary::<T>(&mut t, v, |_, y| y));
+            }
+            Rhs::Scalar(s) => {
+                t.layout = sub;
+                dispatch!(t.dtype, T => {
+                    let s: T = scalar_as(s, t.dtype);
+                    kernels::assign_unary::<T>(&mut t, move |_| s)
+                });
+            }
+        }
+        Ok(())
+    })
+}
+
+impl NDArray {
+    /// A view of the elements selected by a DJL/numpy-style index string, sharing
+    /// storage with `self`. Panics on error (see [`NDArray::try_get`]).
+    ///
+    /// The string holds comma-separated items, one per axis from the left:
+    /// * an integer `i` (negative counts from the end) selects one position and removes
+    ///   the axis; out of range is an error;
+    /// * a slice `start:stop` or `start:stop:step`, any part optional (`:`, `1:`,
+    ///   `::2`, `5::-1`), keeps the axis; bounds clamp like Python, the step must not
+    ///   be 0 and may be negative (the view then walks the axis backwards);
+    /// * `...` stands for as many `:` as needed to cover the axes not named (at most
+    ///   one).
+    ///
+    /// Axes left over at the end are taken whole; the empty string selects everything.
+    ///
+    /// ```
+    /// use ndscope::{DType, NDManager};
+    /// let m = NDManager::new();
+    /// let a = m.arange(0.0, 12.0, 1.0, DType::F32).reshape([3, 4]);
+    /// assert_eq!(a.get("1").to_vec::<f32>()?, vec![4.0, 5.0, 6.0, 7.0]);
+    /// assert_eq!(a.get(":, -1").to_vec::<f32>()?, vec![3.0, 7.0, 11.0]);
+    /// assert_eq!(a.get("0, ::-2").to_vec::<f32>()?, vec![3.0, 1.0]);
+    /// assert_eq!(a.get("1:, 1:3").shape().dims(), &[2, 2]);
+    /// assert_eq!(a.get("..., 0").to_vec::<f32>()?, vec![0.0, 4.0, 8.0]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn get(self, index: &str) -> NDArray {
+        unwrap(get(self, index, Location::caller()))
+    }
+
+    /// [`NDArray::get`]. Errors: `Index` (malformed string, integer index out of range,
+    /// too many indices), `Closed`, `ManagerClosed`/`ManagerCapped`.
+    #[track_caller]
+    pub fn try_get(self, index: &str) -> Result<NDArray> {
+        get(self, index, Location::caller())
+    }
+
+    /// Write `value` (a scalar, or an array of the same dtype that broadcasts to the
+    /// selected region) into the region `index` selects, in place. Views sharing the
+    /// storage see the change. Panics on error (see [`NDArray::try_set`]).
+    ///
+    /// ```
+    /// use ndscope::{DType, NDManager};
+    /// let m = NDManager::new();
+    /// let a = m.zeros([2, 3], DType::F32);
+    /// a.set("0", 1.0);
+    /// a.set(":, 2", m.create(&[7.0f32, 8.0], [2]));
+    /// assert_eq!(a.to_vec::<f32>()?, vec![1.0, 1.0, 7.0, 0.0, 0.0, 8.0]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn set(self, index: &str, value: impl Into<Rhs>) {
+        unwrap(set(self, index, value.into()))
+    }
+
+    /// [`NDArray::set`]. Errors: `Index` (as for [`NDArray::try_get`]),
+    /// `DTypeMismatch`, `ShapeMismatch` (the value does not broadcast to the region),
+    /// `Closed`.
+    pub fn try_set(self, index: &str, value: impl Into<Rhs>) -> Result<()> {
+        set(self, index, value.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sel(shape: &[usize], index: &str) -> std::result::Result<Layout, String> {
+        select(&Layout::contiguous(Shape::from(shape)), index)
+    }
+
+    #[test]
+    fn parses_items() {
+        assert_eq!(
+            parse(" 1 : 3 , -1, ..., ::-2 ").unwrap(),
+            vec![
+                Item::Slice(Some(1), Some(3), None),
+                Item::Index(-1),
+                Item::Ellipsis,
+                Item::Slice(None, None, Some(-2)),
+            ]
+        );
+        assert_eq!(parse("1,").unwrap(), vec![Item::Index(1)]);
+        assert!(parse("1,,2").is_err());
+        assert!(parse("a").is_err());
+        assert!(parse("1:2:3:4").is_err());
+        assert!(parse("::0").is_err());
+        assert!(parse("...,...").is_err());
+    }
+
+    #[test]
+    fn slices_clamp_like_python() {
+        let r = |n, a, b, s| slice_range(n, a, b, s);
+        assert_eq!(r(5, None, None, 1), (0, 5));
+        assert_eq!(r(5, Some(-2), None, 1), (3, 2));
+        assert_eq!(r(5, Some(1), Some(100), 2), (1, 2));
+        assert_eq!(r(5, None, None, -1), (4, 5));
+        assert_eq!(r(5, Some(3), Some(0), -1), (3, 3));
+        assert_eq!(r(5, Some(100), None, -2), (4, 3));
+        assert_eq!(r(5, Some(-100), None, -1), (-1, 0));
+        assert_eq!(r(5, Some(3), Some(1), 1), (3, 0));
+        assert_eq!(r(0, None, None, -1), (-1, 0));
+        assert_eq!(r(5, None, None, isize::MIN), (4, 1));
+    }
+
+    #[test]
+    fn layouts() {
+        let l = sel(&[3, 4], "1").unwrap();
+        assert_eq!(
+            (l.shape.dims(), &l.strides[..], l.offset),
+            (&[4][..], &[1][..], 4)
+        );
+        let l = sel(&[3, 4], "::-1, 1").unwrap();
+        assert_eq!(
+            (l.shape.dims(), &l.strides[..], l.offset),
+            (&[3][..], &[-4][..], 9)
+        );
+        let l = sel(&[2, 3, 4], "..., 1:").unwrap();
+        assert_eq!(l.shape.dims(), &[2, 3, 3]);
+        assert_eq!(l.offset, 1);
+        assert_eq!(sel(&[2, 3], "").unwrap().shape.dims(), &[2, 3]);
+        assert_eq!(sel(&[2, 3], "...").unwrap().shape.dims(), &[2, 3]);
+        assert_eq!(
+            sel(&[2, 3], "1, 2, ...").unwrap().shape.dims(),
+            &[] as &[usize]
+        );
+        assert!(sel(&[2, 3], "2").unwrap_err().contains("out of bounds"));
+        assert!(sel(&[2, 3], "-3").is_err());
+        assert!(sel(&[2, 3], "0, 0, 0").unwrap_err().contains("too many"));
+    }
+}

@@ -35,8 +35,10 @@ impl Buffer {
     pub(crate) fn zeroed(bytes: usize) -> Result<Buffer> {
         if bytes == 0 {
             return Ok(Buffer {
-                // An aligned dangling pointer is valid for zero-length slices.
-                ptr: NonNull::<[u8; ALIGN]>::dangling().cast(),
+                // A dangling pointer aligned to ALIGN is valid for zero-length slices of
+                // every native type (`[u8; ALIGN]` would only be 1-aligned).
+                ptr: NonNull::new(std::ptr::without_provenance_mut(ALIGN))
+                    .expect("ALIGN is non-zero"),
                 bytes: 0,
                 outside_readers: AtomicUsize::new(0),
             });
