@@ -168,7 +168,7 @@ pub(crate) fn select(layout: &Layout, index: &str) -> std::result::Result<Layout
     })
 }
 
-fn index_error(op: &'static str, msg: String, array: ArrayDesc) -> NdError {
+fn index_error(op: &'static str, msg: String, array: Box<ArrayDesc>) -> NdError {
     NdError::Index { op, msg, array }
 }
 
