@@ -244,7 +244,7 @@ pub(crate) fn binary(
 ) -> Result<NDArray> {
     let name = op.name();
     let id = match rhs {
-        Rhs::Array(y) => engine::run_op(&[x.id, y.id], at, |o| {
+        Rhs::Array(y) => engine::run_op(name, &[x.id, y.id], at, |o| {
             let (a, b) = (&o[0], &o[1]);
             same_dtype(name, a, b)?;
             numeric(name, a)?;
@@ -257,7 +257,7 @@ pub(crate) fn binary(
                 dtype: a.dtype,
             })
         })?,
-        Rhs::Scalar(s) => engine::run_op(&[x.id], at, |o| {
+        Rhs::Scalar(s) => engine::run_op(name, &[x.id], at, |o| {
             let a = &o[0];
             numeric(name, a)?;
             let buf = dispatch!(a.dtype, T => {
@@ -282,7 +282,7 @@ pub(crate) fn binary(
 pub(crate) fn comparison(x: NDArray, op: CmpOp, rhs: Rhs, at: SourceLocation) -> Result<NDArray> {
     let name = op.name();
     let id = match rhs {
-        Rhs::Array(y) => engine::run_op(&[x.id, y.id], at, |o| {
+        Rhs::Array(y) => engine::run_op(name, &[x.id, y.id], at, |o| {
             let (a, b) = (&o[0], &o[1]);
             same_dtype(name, a, b)?;
             let shape = broadcast_shape(name, a, b)?;
@@ -294,7 +294,7 @@ pub(crate) fn comparison(x: NDArray, op: CmpOp, rhs: Rhs, at: SourceLocation) ->
                 dtype: DType::Bool,
             })
         })?,
-        Rhs::Scalar(s) => engine::run_op(&[x.id], at, |o| {
+        Rhs::Scalar(s) => engine::run_op(name, &[x.id], at, |o| {
             let a = &o[0];
             let buf = dispatch!(a.dtype, T => {
                 let s: T = s.cast();
@@ -344,7 +344,7 @@ fn num_un<T: Native>(op: UnOp, x: T) -> T {
 /// Elementwise unary math.
 pub(crate) fn unary(x: NDArray, op: UnOp, at: SourceLocation) -> Result<NDArray> {
     let name = op.name();
-    let id = engine::run_op(&[x.id], at, |o| {
+    let id = engine::run_op(name, &[x.id], at, |o| {
         let a = &o[0];
         numeric(name, a)?;
         let buf = match op {

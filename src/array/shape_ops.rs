@@ -85,7 +85,7 @@ fn reshape_output(o: &Operand<'_>, shape: Shape) -> Result<Output> {
 }
 
 fn reshape(x: NDArray, shape: Shape, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op(&[x.id], at, |o| {
+    let id = engine::run_op("reshape", &[x.id], at, |o| {
         let o = &o[0];
         let Some(n) = shape.checked_size() else {
             return Err(NdError::shape(
@@ -153,7 +153,7 @@ fn permuted(l: &Layout, perm: &[usize]) -> Layout {
 }
 
 fn permute(x: NDArray, axes: Option<&[usize]>, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op(&[x.id], at, |o| {
+    let id = engine::run_op("permute", &[x.id], at, |o| {
         let o = &o[0];
         let nd = o.layout.shape.ndim();
         let perm: Dims = match axes {
@@ -194,7 +194,7 @@ fn permute(x: NDArray, axes: Option<&[usize]>, at: SourceLocation) -> Result<NDA
 }
 
 fn expand_dims(x: NDArray, axis: isize, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op(&[x.id], at, |o| {
+    let id = engine::run_op("expand_dims", &[x.id], at, |o| {
         let o = &o[0];
         let l = o.layout;
         let nd = l.shape.ndim();
@@ -222,7 +222,7 @@ fn expand_dims(x: NDArray, axis: isize, at: SourceLocation) -> Result<NDArray> {
 }
 
 fn squeeze(x: NDArray, axis: Option<isize>, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op(&[x.id], at, |o| {
+    let id = engine::run_op("squeeze", &[x.id], at, |o| {
         let o = &o[0];
         let l = o.layout;
         let keep: Dims = match axis {
@@ -251,7 +251,7 @@ fn squeeze(x: NDArray, axis: Option<isize>, at: SourceLocation) -> Result<NDArra
 }
 
 fn broadcast_to(x: NDArray, shape: Shape, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op(&[x.id], at, |o| {
+    let id = engine::run_op("broadcast_to", &[x.id], at, |o| {
         let o = &o[0];
         if shape.checked_size().is_none()
             || Shape::broadcast(o.shape(), &shape).as_ref() != Some(&shape)
@@ -308,7 +308,7 @@ fn concat(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray
         return Err(NdError::invalid("concat", "needs at least one array"));
     }
     let ids: Vec<_> = arrays.iter().map(|a| a.id).collect();
-    let id = engine::run_op(&ids, at, |ops| {
+    let id = engine::run_op("concat", &ids, at, |ops| {
         same_dtypes("concat", ops)?;
         let first = &ops[0];
         let nd = first.shape().ndim();
@@ -363,7 +363,7 @@ fn stack(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray>
         return Err(NdError::invalid("stack", "needs at least one array"));
     }
     let ids: Vec<_> = arrays.iter().map(|a| a.id).collect();
-    let id = engine::run_op(&ids, at, |ops| {
+    let id = engine::run_op("stack", &ids, at, |ops| {
         same_dtypes("stack", ops)?;
         let first = &ops[0];
         for (i, b) in ops.iter().enumerate() {
@@ -395,7 +395,7 @@ fn stack(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray>
 }
 
 fn to_dtype(x: NDArray, dtype: DType, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op(&[x.id], at, |o| {
+    let id = engine::run_op("to_dtype", &[x.id], at, |o| {
         let o = &o[0];
         Ok(Output::New {
             buf: kernels::cast(o, dtype)?,

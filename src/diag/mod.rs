@@ -4,9 +4,11 @@ use crate::engine;
 use std::fmt;
 
 mod leaks;
+pub(crate) mod profile;
 pub use leaks::{
     LeakReport, LeakSite, LeakWarning, LeakWatch, assert_no_leaks, check_leaks, leak_report,
 };
+pub use profile::{OpRecord, Profile, profile};
 
 pub mod config {
     //! Process-wide settings.

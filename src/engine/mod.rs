@@ -36,7 +36,7 @@ pub(crate) mod layout;
 pub(crate) mod slab;
 pub(crate) mod storage;
 
-use crate::diag::config;
+use crate::diag::{config, profile};
 use crate::dtype::Native;
 use crate::error::{ArrayDesc, CloseReason, ClosedInfo, NdError, Result, SourceLocation};
 use crate::{DType, Shape};
@@ -385,6 +385,23 @@ impl Registry {
 
     pub(crate) fn stats(&self, mgr: Id) -> Result<Stats> {
         Ok(self.manager(mgr)?.stats)
+    }
+
+    /// Start measuring the process peak from now: returns the saved peak for
+    /// [`Registry::end_peak_window`].
+    pub(crate) fn begin_peak_window(&mut self) -> usize {
+        let s = &mut self.managers.get_mut(SYSTEM).expect("system").stats;
+        let saved = s.peak;
+        s.peak = s.bytes;
+        saved
+    }
+
+    /// The peak reached since `begin_peak_window`; restores the overall peak.
+    pub(crate) fn end_peak_window(&mut self, saved: usize) -> usize {
+        let s = &mut self.managers.get_mut(SYSTEM).expect("system").stats;
+        let window = s.peak;
+        s.peak = s.peak.max(saved);
+        window
     }
 
     pub(crate) fn reset_peak(&mut self) {
@@ -843,8 +860,38 @@ pub(crate) fn close_resources(resources: Vec<Box<dyn Resource>>) {
 
 // -------------------------------------------------------------------- op execution
 
-/// Run an op over `inputs`; its result belongs to the first input's manager.
+/// Run op `name` over `inputs`; its result belongs to the first input's manager.
 pub(crate) fn run_op(
+    name: &'static str,
+    inputs: &[Id],
+    at: SourceLocation,
+    f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,
+) -> Result<Id> {
+    if !profile::active() {
+        return run_op_inner(inputs, at, f);
+    }
+    let input_shapes = {
+        let g = lock();
+        inputs
+            .iter()
+            .map(|&id| g.array(id).map(|r| r.layout.shape.clone()))
+            .collect::<Result<Vec<_>>>()?
+    };
+    let t0 = std::time::Instant::now();
+    let id = run_op_inner(inputs, at, f)?;
+    let duration = t0.elapsed();
+    let g = lock();
+    profile::record(profile::OpRecord {
+        name,
+        input_shapes,
+        output_shape: g.array(id)?.layout.shape.clone(),
+        bytes_added: g.charged_bytes(id),
+        duration,
+    });
+    Ok(id)
+}
+
+fn run_op_inner(
     inputs: &[Id],
     at: SourceLocation,
     f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,

@@ -1,0 +1,177 @@
+//! [`profile`]: what one closure allocated, and one record per op it ran (like
+//! TensorFlow.js `tf.profile`).
+
+use super::human_bytes;
+use crate::{Shape, engine};
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+thread_local! {
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+    static RECORDS: RefCell<Vec<Vec<OpRecord>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One op run inside [`profile`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpRecord {
+    /// The op's name (`"add"`, `"matmul"`, ...).
+    pub name: &'static str,
+    /// Shapes of its array inputs.
+    pub input_shapes: Vec<Shape>,
+    /// Shape of its result.
+    pub output_shape: Shape,
+    /// Bytes of new buffer it allocated (0 for views).
+    pub bytes_added: usize,
+    /// Wall time of the op.
+    pub duration: Duration,
+}
+
+/// What [`profile`] measured.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Profile {
+    /// Live arrays at the end minus live arrays at the start (process-wide).
+    pub new_arrays: i64,
+    /// Live bytes at the end minus live bytes at the start.
+    pub new_bytes: i64,
+    /// Highest live bytes during the closure minus live bytes at its start.
+    pub peak_bytes: usize,
+    /// Ops run on this thread inside the closure, in order.
+    pub ops: Vec<OpRecord>,
+}
+
+pub(crate) fn active() -> bool {
+    DEPTH.with(|d| d.get() > 0)
+}
+
+pub(crate) fn record(r: OpRecord) {
+    RECORDS.with(|rs| {
+        if let Some(top) = rs.borrow_mut().last_mut() {
+            top.push(r);
+        }
+    });
+}
+
+/// Restores the thread's profiling state and the process peak even if the closure
+/// panics.
+struct Window {
+    saved_peak: usize,
+    start_bytes: usize,
+    done: Option<(usize, Vec<OpRecord>)>,
+}
+
+impl Window {
+    fn finish(&mut self) {
+        if self.done.is_some() {
+            return;
+        }
+        let peak = engine::lock().end_peak_window(self.saved_peak);
+        let ops = RECORDS.with(|rs| rs.borrow_mut().pop().unwrap_or_default());
+        // The enclosing profile (if any) sees these ops too.
+        RECORDS.with(|rs| {
+            if let Some(outer) = rs.borrow_mut().last_mut() {
+                outer.extend(ops.iter().cloned());
+            }
+        });
+        DEPTH.with(|d| d.set(d.get() - 1));
+        self.done = Some((peak.saturating_sub(self.start_bytes), ops));
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// Run `f` and measure it: new arrays and bytes, peak bytes, and each op it ran.
+///
+/// Counters are process-wide (arrays created by other threads meanwhile count too);
+/// op records are this thread's.
+///
+/// ```
+/// use ndscope::{DType, NDManager};
+/// let m = NDManager::new();
+/// let x = m.ones([2, 2], DType::F32);
+/// let (y, p) = ndscope::profile(|| x.square() + 1.0);
+/// assert_eq!(p.ops.len(), 2);
+/// assert_eq!(p.ops[0].name, "square");
+/// assert_eq!(p.new_arrays, 2); // the square and the sum are both still live
+/// # let _ = y;
+/// ```
+pub fn profile<R>(f: impl FnOnce() -> R) -> (R, Profile) {
+    let (start_arrays, start_bytes, saved_peak) = {
+        let mut g = engine::lock();
+        let s = g.stats(engine::SYSTEM).expect("system");
+        (s.arrays, s.bytes, g.begin_peak_window())
+    };
+    RECORDS.with(|rs| rs.borrow_mut().push(Vec::new()));
+    DEPTH.with(|d| d.set(d.get() + 1));
+    let mut window = Window {
+        saved_peak,
+        start_bytes,
+        done: None,
+    };
+    let r = f();
+    window.finish();
+    let (peak_bytes, ops) = window.done.take().expect("finished");
+    let s = engine::lock().stats(engine::SYSTEM).expect("system");
+    let p = Profile {
+        new_arrays: s.arrays as i64 - start_arrays as i64,
+        new_bytes: s.bytes as i64 - start_bytes as i64,
+        peak_bytes,
+        ops,
+    };
+    (r, p)
+}
+
+impl fmt::Display for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "new arrays {}, new bytes {}, peak bytes {}",
+            self.new_arrays,
+            self.new_bytes,
+            human_bytes(self.peak_bytes)
+        )?;
+        writeln!(
+            f,
+            "{:<14} {:<28} {:<14} {:>10} {:>10}",
+            "op", "inputs", "output", "bytes", "time"
+        )?;
+        for r in &self.ops {
+            let inputs: Vec<String> = r.input_shapes.iter().map(|s| s.to_string()).collect();
+            writeln!(
+                f,
+                "{:<14} {:<28} {:<14} {:>10} {:>10.1?}",
+                r.name,
+                inputs.join(" "),
+                r.output_shape.to_string(),
+                human_bytes(r.bytes_added),
+                r.duration
+            )?;
+        }
+        let mut summary: BTreeMap<&str, (usize, Duration, usize)> = BTreeMap::new();
+        for r in &self.ops {
+            let e = summary.entry(r.name).or_default();
+            e.0 += 1;
+            e.1 += r.duration;
+            e.2 += r.bytes_added;
+        }
+        writeln!(
+            f,
+            "per op: {:<8} {:>6} {:>12} {:>10}",
+            "", "count", "total time", "bytes"
+        )?;
+        for (name, (count, time, bytes)) in summary {
+            writeln!(
+                f,
+                "        {name:<8} {count:>6} {:>12.1?} {:>10}",
+                time,
+                human_bytes(bytes)
+            )?;
+        }
+        Ok(())
+    }
+}
