@@ -51,8 +51,8 @@ mod shape;
 
 pub use array::{NDArray, Rhs};
 pub use diag::{
-    LeakReport, LeakSite, LeakWarning, LeakWatch, MemoryStats, assert_no_leaks, check_leaks,
-    config, leak_report, memory, reset_peak,
+    LeakReport, LeakSite, LeakWarning, LeakWatch, MemoryStats, OpRecord, Profile, assert_no_leaks,
+    check_leaks, config, leak_report, memory, profile, reset_peak,
 };
 pub use dtype::{DType, Element, Scalar, ScalarValue};
 pub use engine::Resource;

@@ -1,1 +1,313 @@
-//! placeholder
+//! Linear algebra: `matmul` (numpy's rules: 1-D promotion, batched with broadcasting of
+//! the batch dimensions) and its alias `dot`.
+//!
+//! Each operand is read in place through its strides (a transposed view is not copied):
+//! every batch is one [`kernels::matmul_2d`] call (`gemm` for f32/f64) writing straight
+//! into the contiguous result.
+
+use super::NDArray;
+use super::ops::{BinOp, Rhs, binary, same_dtype};
+use crate::DType;
+use crate::dtype::dispatch;
+use crate::engine::layout::{Strides, for_each_row};
+use crate::engine::storage::new_filled;
+use crate::engine::{self, Operand, Output, kernels};
+use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::shape::{Dims, Shape};
+use rayon::prelude::*;
+use std::panic::Location;
+
+/// Work (multiply-adds) above which independent batches run on several threads, and
+/// per-batch work above which `gemm` parallelises a single product itself.
+const PARALLEL_FLOPS: usize = 1 << 21;
+
+/// An operand seen as a stack of matrices.
+struct MatView<'a> {
+    rows: usize,
+    cols: usize,
+    rs: isize,
+    cs: isize,
+    batch: &'a [usize],
+    batch_strides: &'a [isize],
+}
+
+/// View `o` as `[..batch, rows, cols]`; a 1-D operand becomes one row (`as_row`, the
+/// left side) or one column (the right side), as numpy promotes it.
+fn mat_view<'a>(o: &'a Operand<'_>, as_row: bool) -> MatView<'a> {
+    let (d, s) = (o.layout.shape.dims(), &o.layout.strides[..]);
+    let nd = d.len();
+    if nd == 1 {
+        let (k, st) = (d[0], s[0]);
+        // The unused stride of the size-1 dimension is set as if the vector were
+        // contiguous in the other direction; it is never multiplied by a non-zero index.
+        let other = st.wrapping_mul(k.max(1) as isize);
+        let (rows, cols, rs, cs) = if as_row {
+            (1, k, other, st)
+        } else {
+            (k, 1, st, other)
+        };
+        return MatView {
+            rows,
+            cols,
+            rs,
+            cs,
+            batch: &[],
+            batch_strides: &[],
+        };
+    }
+    MatView {
+        rows: d[nd - 2],
+        cols: d[nd - 1],
+        rs: s[nd - 2],
+        cs: s[nd - 1],
+        batch: &d[..nd - 2],
+        batch_strides: &s[..nd - 2],
+    }
+}
+
+/// Strides of batch dims `dims` (with `strides`) broadcast to `target`.
+fn batch_strides(dims: &[usize], strides: &[isize], target: &Shape) -> Strides {
+    let n = target.ndim();
+    let k = dims.len();
+    let mut out = Strides::from_elem(0, n);
+    for i in 0..k {
+        let t = n - k + i;
+        out[t] = if dims[i] == 1 && target.dims()[t] != 1 {
+            0
+        } else {
+            strides[i]
+        };
+    }
+    out
+}
+
+fn matmul_impl(x: NDArray, y: NDArray, op: &'static str, at: SourceLocation) -> Result<NDArray> {
+    let id = engine::run_op(op, &[x.id, y.id], at, |o| {
+        let (a, b) = (&o[0], &o[1]);
+        same_dtype(op, a, b)?;
+        if a.dtype == DType::Bool {
+            return Err(kernels::unsupported(op, a));
+        }
+        for operand in [a, b] {
+            if operand.shape().ndim() == 0 {
+                return Err(NdError::invalid(
+                    op,
+                    format!(
+                        "operands must have at least one dimension, got a 0-d array ({})",
+                        operand.desc()
+                    ),
+                ));
+            }
+        }
+        let mismatch = || NdError::ShapeMismatch {
+            op,
+            lhs: a.desc(),
+            rhs: b.desc(),
+        };
+        let (va, vb) = (mat_view(a, true), mat_view(b, false));
+        if va.cols != vb.rows {
+            return Err(mismatch());
+        }
+        let (m, k, n) = (va.rows, va.cols, vb.cols);
+        let batch = Shape::broadcast(&Shape::from(va.batch), &Shape::from(vb.batch))
+            .ok_or_else(mismatch)?;
+        let mut out_dims: Dims = batch.0.clone();
+        if a.shape().ndim() > 1 {
+            out_dims.push(m);
+        }
+        if b.shape().ndim() > 1 {
+            out_dims.push(n);
+        }
+        let shape = Shape(out_dims);
+        let total = shape.checked_size().ok_or_else(|| {
+            NdError::shape(op, format!("the result shape {shape} overflows usize"))
+        })?;
+        let mn = m * n;
+        // Element offsets of each batch's matrices, in row-major batch order.
+        let mut offsets = Vec::with_capacity(batch.size());
+        let (sa, sb) = (
+            batch_strides(va.batch, va.batch_strides, &batch),
+            batch_strides(vb.batch, vb.batch_strides, &batch),
+        );
+        if mn > 0 {
+            for_each_row(
+                batch.dims(),
+                [&sa, &sb],
+                [a.layout.offset, b.layout.offset],
+                |off, len, s| {
+                    for i in 0..len as isize {
+                        offsets.push((off[0] + i * s[0], off[1] + i * s[1]));
+                    }
+                },
+            );
+        }
+        let buf = dispatch!(a.dtype, T => {
+            let (da, db) = (a.data::<T>(), b.data::<T>());
+            let one = |(oa, ob): (isize, isize), out: &mut [T]| {
+                let lhs = kernels::Mat { data: da, off: oa, rs: va.rs, cs: va.cs };
+                let rhs = kernels::Mat { data: db, off: ob, rs: vb.rs, cs: vb.cs };
+                kernels::matmul_2d(m, n, k, lhs, rhs, out);
+            };
+            new_filled::<T>(total, |out| {
+                if mn == 0 {
+                    return;
+                }
+                let per = mn.saturating_mul(k);
+                if offsets.len() > 1
+                    && per < PARALLEL_FLOPS
+                    && per.saturating_mul(offsets.len()) >= PARALLEL_FLOPS
+                {
+                    out.par_chunks_mut(mn)
+                        .zip(offsets.par_iter())
+                        .for_each(|(out, &off)| one(off, out));
+                } else {
+                    out.chunks_mut(mn)
+                        .zip(&offsets)
+                        .for_each(|(out, &off)| one(off, out));
+                }
+            })
+        })?;
+        Ok(Output::New {
+            buf,
+            shape,
+            dtype: a.dtype,
+        })
+    })?;
+    Ok(NDArray { id })
+}
+
+impl NDArray {
+    /// Matrix product with numpy's `matmul` rules: 2-D × 2-D is the matrix product;
+    /// a 1-D left operand is a row vector and a 1-D right operand a column vector,
+    /// whose added dimension is removed from the result (1-D × 1-D gives a 0-d inner
+    /// product); N-D operands are stacks of matrices in the last two dimensions, with
+    /// the leading (batch) dimensions broadcast. Transposed and strided views are read
+    /// in place. f32/f64 use a tuned `gemm`; integers wrap. Panics on failure.
+    ///
+    /// ```
+    /// use ndscope::NDManager;
+    /// let m = NDManager::new();
+    /// let a = m.create(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+    /// let v = m.create(&[1.0f32, 1.0], [2]);
+    /// assert_eq!(a.matmul(v).to_vec::<f32>()?, vec![3.0, 7.0]);
+    /// assert_eq!(v.matmul(a).shape().dims(), &[2]);
+    /// # m.close();
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn matmul(self, rhs: NDArray) -> NDArray {
+        unwrap(matmul_impl(self, rhs, "matmul", Location::caller()))
+    }
+
+    /// [`NDArray::matmul`]. Errors: `ShapeMismatch` (inner dimensions differ or batch
+    /// dimensions do not broadcast), `DTypeMismatch`, `UnsupportedDType` (Bool),
+    /// `InvalidArgument` (a 0-d operand), `Closed`, `ManagerClosed`/`ManagerCapped`.
+    #[track_caller]
+    pub fn try_matmul(self, rhs: NDArray) -> Result<NDArray> {
+        matmul_impl(self, rhs, "matmul", Location::caller())
+    }
+
+    /// Dot product, an alias of [`NDArray::matmul`] that also accepts 0-d operands
+    /// (then it is the elementwise product, as `numpy.dot`). For 1-D and 2-D operands it
+    /// agrees with `numpy.dot`; N-D operands follow `matmul`'s batched rules (not
+    /// `numpy.dot`'s tensor product). Panics on failure.
+    #[track_caller]
+    pub fn dot(self, rhs: NDArray) -> NDArray {
+        unwrap(dot_impl(self, rhs, Location::caller()))
+    }
+
+    /// [`NDArray::dot`]. Errors as [`NDArray::try_matmul`].
+    #[track_caller]
+    pub fn try_dot(self, rhs: NDArray) -> Result<NDArray> {
+        dot_impl(self, rhs, Location::caller())
+    }
+}
+
+fn dot_impl(x: NDArray, y: NDArray, at: SourceLocation) -> Result<NDArray> {
+    let scalar = {
+        let g = engine::lock();
+        g.array(x.id)?.layout.shape.ndim() == 0 || g.array(y.id)?.layout.shape.ndim() == 0
+    };
+    if scalar {
+        binary(x, BinOp::Mul, Rhs::Array(y), false, at)
+    } else {
+        matmul_impl(x, y, "dot", at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NDManager;
+    use crate::engine::Layout;
+
+    /// A strided view of `a` (what `transpose` and slicing will produce).
+    fn view(a: NDArray, dims: &[usize], strides: &[isize], offset: usize) -> NDArray {
+        let layout = Layout {
+            shape: Shape::from(dims),
+            strides: Strides::from_slice(strides),
+            offset,
+        };
+        let id = engine::run_op("view", &[a.id], Location::caller(), |_| {
+            Ok(Output::View { of: 0, layout })
+        })
+        .unwrap();
+        NDArray { id }
+    }
+
+    fn naive(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+        let mut out = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn transposed_views_are_read_in_place() {
+        let m = NDManager::new();
+        // a = [[1,2,3],[4,5,6]]; a^T is [3,2] with strides [1,3].
+        let a = m.create(&[1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3]);
+        let at = view(a, &[3, 2], &[1, 3], 0);
+        let before = m.memory().live_buffers;
+        let p = a.matmul(at); // a a^T = [[14, 32], [32, 77]]
+        assert_eq!(p.to_vec::<f64>().unwrap(), vec![14.0, 32.0, 32.0, 77.0]);
+        let q = at.matmul(a); // a^T a, 3x3
+        let expect = naive(
+            &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0],
+            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+            3,
+            2,
+            3,
+        );
+        assert_eq!(q.to_vec::<f64>().unwrap(), expect);
+        // Only the two results were allocated: no copies of the view.
+        assert_eq!(m.memory().live_buffers, before + 2);
+        // Integers through the naive loop, on the same transposed view.
+        let ai = m.create(&[1i32, 2, 3, 4, 5, 6], [2, 3]);
+        let ait = view(ai, &[3, 2], &[1, 3], 0);
+        assert_eq!(
+            ai.matmul(ait).to_vec::<i32>().unwrap(),
+            vec![14, 32, 32, 77]
+        );
+        m.close();
+    }
+
+    #[test]
+    fn offset_and_negative_strides() {
+        let m = NDManager::new();
+        let data: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let base = m.create(&data, [12]);
+        // Rows 1..3 of a [4,3] matrix, reversed columns: [[5,4,3],[8,7,6]].
+        let a = view(base, &[2, 3], &[3, -1], 5);
+        let b = m.create(&[1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0], [3, 2]);
+        // [[5,4,3],[8,7,6]] @ [[1,0],[0,1],[1,1]] = [[8,7],[14,13]]
+        assert_eq!(
+            a.matmul(b).to_vec::<f32>().unwrap(),
+            vec![8.0, 7.0, 14.0, 13.0]
+        );
+        m.close();
+    }
+}

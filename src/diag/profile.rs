@@ -58,12 +58,13 @@ pub(crate) fn record(r: OpRecord) {
 struct Window {
     saved_peak: usize,
     start_bytes: usize,
+    finished: bool,
     done: Option<(usize, Vec<OpRecord>)>,
 }
 
 impl Window {
     fn finish(&mut self) {
-        if self.done.is_some() {
+        if std::mem::replace(&mut self.finished, true) {
             return;
         }
         let peak = engine::lock().end_peak_window(self.saved_peak);
@@ -111,6 +112,7 @@ pub fn profile<R>(f: impl FnOnce() -> R) -> (R, Profile) {
     let mut window = Window {
         saved_peak,
         start_bytes,
+        finished: false,
         done: None,
     };
     let r = f();

@@ -334,12 +334,17 @@ pub(crate) fn matmul_2d<T: Native>(
     }
     let gemm_type = std::any::TypeId::of::<T>();
     if gemm_type == std::any::TypeId::of::<f32>() || gemm_type == std::any::TypeId::of::<f64>() {
-        // Check that every element gemm will touch is inside the slices.
-        let last = |x: &Mat<'_, T>, rows: usize, cols: usize| {
-            x.off + (rows as isize - 1) * x.rs + (cols as isize - 1) * x.cs
+        // Check that every element gemm will touch is inside the slices: the lowest and
+        // highest indices of a strided matrix are at corners (either stride may be
+        // negative, so take each dimension's extreme separately).
+        let in_bounds = |x: &Mat<'_, T>, rows: usize, cols: usize| {
+            let (r, c) = ((rows as isize - 1) * x.rs, (cols as isize - 1) * x.cs);
+            let lo = x.off + r.min(0) + c.min(0);
+            let hi = x.off + r.max(0) + c.max(0);
+            lo >= 0 && hi < x.data.len() as isize
         };
-        assert!(a.off >= 0 && last(&a, m, k) < a.data.len() as isize);
-        assert!(b.off >= 0 && last(&b, k, n) < b.data.len() as isize);
+        assert!(in_bounds(&a, m, k));
+        assert!(in_bounds(&b, k, n));
         let flops = m * n * k;
         let par = if flops >= 1 << 21 {
             gemm::Parallelism::Rayon(0)
@@ -347,8 +352,8 @@ pub(crate) fn matmul_2d<T: Native>(
             gemm::Parallelism::None
         };
         // SAFETY: the asserts above keep every lhs/rhs element gemm reads inside `a.data`
-        // and `b.data` (strides may be negative but every visited index lies between the
-        // first and last, both in range for these monotone index maps), and `out` holds
+        // and `b.data` (index maps are affine, so every visited index lies between the
+        // lowest and highest corner, both checked in range), and `out` holds
         // m*n contiguous elements written with row stride n, column stride 1. T is f32 or
         // f64 (checked by TypeId), which gemm supports. `read_dst` is false, so the
         // destination's old contents are not read.

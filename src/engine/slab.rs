@@ -144,23 +144,6 @@ impl<L, D> Slab<L, D> {
         self.slots.len()
     }
 
-    /// Every live entry with its id.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (Id, &L)> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| match &s.entry {
-                Entry::Live(v) => Some((
-                    Id {
-                        index: i as u32,
-                        generation: s.generation,
-                    },
-                    v,
-                )),
-                Entry::Dead(_) => None,
-            })
-    }
-
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut L> {
         self.slots.iter_mut().filter_map(|s| match &mut s.entry {
             Entry::Live(v) => Some(v),

@@ -15,6 +15,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// Alignment of every buffer, in bytes (a cache line; enough for any SIMD width).
 pub(crate) const ALIGN: usize = 64;
 
+/// A type with the buffers' alignment, for the dangling pointer of empty buffers.
+#[repr(align(64))]
+struct AlignedBlock;
+const _: () = assert!(std::mem::align_of::<AlignedBlock>() == ALIGN);
+
 /// One heap block of array data.
 pub(crate) struct Buffer {
     ptr: NonNull<u8>,
@@ -35,10 +40,9 @@ impl Buffer {
     pub(crate) fn zeroed(bytes: usize) -> Result<Buffer> {
         if bytes == 0 {
             return Ok(Buffer {
-                // A dangling pointer aligned to ALIGN is valid for zero-length slices of
-                // every native type (`[u8; ALIGN]` would only be 1-aligned).
-                ptr: NonNull::new(std::ptr::without_provenance_mut(ALIGN))
-                    .expect("ALIGN is non-zero"),
+                // An aligned dangling pointer is valid for zero-length slices. (`[u8; N]`
+                // is only 1-aligned: its dangling pointer would be misaligned for f32.)
+                ptr: NonNull::<AlignedBlock>::dangling().cast(),
                 bytes: 0,
                 outside_readers: AtomicUsize::new(0),
             });
