@@ -432,3 +432,29 @@ fn scope_frees_arrays_of_every_manager_and_spares_older_ones() {
     m1.close();
     m2.close();
 }
+
+/// Maps escape their values; a returned array that was already freed inside is
+/// tolerated (the scope neither panics nor resurrects it).
+#[test]
+fn tidy_returns_maps_and_tolerates_freed_arrays() {
+    let m = NDManager::new();
+    let outer = NDScope::new();
+    let map = ndscope::scope(|| {
+        let mut h = std::collections::HashMap::new();
+        h.insert("w", m.ones([3], DType::F32));
+        h.insert("b", m.zeros([3], DType::F32));
+        h
+    });
+    assert_eq!(outer.arrays().len(), 2);
+    assert!(map.values().all(|a| a.ref_count() == 1));
+    let gone = ndscope::scope(|| {
+        let t = m.ones([3], DType::F32);
+        t.close();
+        (t, m.scalar(1.0f32))
+    });
+    assert!(gone.0.is_closed() && !gone.1.is_closed());
+    assert_eq!(counts(&m), (3, 2 * T1D + 4));
+    drop(outer);
+    assert_eq!(counts(&m), (0, 0));
+    m.close();
+}
