@@ -1,0 +1,208 @@
+//! Scopes under panics and threads (DESIGN rule 9): a panic unwinding through a scope
+//! frees its arrays and leaves the thread's scope stack consistent; scopes are per
+//! thread while arrays and managers are shared between threads.
+//!
+//! Tests in this file run in parallel threads of one process, so every count is taken
+//! from a manager the test created itself (`m.memory()`), never the global counters.
+
+use ndscope::{DType, NDArray, NDManager, NDScope};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// (live arrays, live bytes) of `m`'s subtree.
+fn counts(m: &NDManager) -> (usize, usize) {
+    let s = m.memory();
+    (s.live_arrays, s.live_bytes)
+}
+
+#[test]
+fn panic_inside_tidy_frees_its_arrays_and_keeps_the_stack_consistent() {
+    let m = NDManager::new();
+    let x = m.ones([2, 2], DType::F32);
+    let outer = NDScope::new();
+    let before = counts(&m);
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let _: () = ndscope::scope(|| {
+            let t = x * 2.0;
+            let _u = ndscope::scope(|| t + 1.0);
+            assert_eq!(counts(&m), (before.0 + 2, before.1 + 2 * 16));
+            panic!("boom");
+        });
+    }));
+    assert!(r.is_err());
+    assert_eq!(counts(&m), before);
+    assert!(outer.arrays().is_empty());
+
+    // The outer scope is the innermost one again, and scopes work normally.
+    let y = ndscope::scope(|| {
+        let _junk = x * 3.0;
+        x + 1.0
+    });
+    assert_eq!(outer.arrays(), vec![y]);
+    assert_eq!(y.ref_count(), 1);
+    let z = x - 1.0;
+    assert_eq!(outer.arrays(), vec![y, z]);
+    drop(outer);
+    assert!(y.is_closed() && z.is_closed());
+    assert_eq!(counts(&m), (1, 16));
+    m.close();
+}
+
+#[test]
+fn panic_through_nested_guards_without_an_outer_scope() {
+    let m = NDManager::new();
+    let (mut a, mut b) = (None, None);
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let _s1 = NDScope::new();
+        a = Some(m.ones([4], DType::F64));
+        let _s2 = NDScope::new();
+        b = Some(m.ones([4], DType::F64));
+        let _s3 = NDScope::new();
+        assert_eq!(counts(&m), (2, 2 * 32));
+        panic!("boom");
+    }));
+    assert!(r.is_err());
+    assert!(a.unwrap().is_closed() && b.unwrap().is_closed());
+    assert_eq!(counts(&m), (0, 0));
+    // No scope is open on this thread any more.
+    let c = m.ones([4], DType::F64);
+    assert_eq!(c.ref_count(), 0);
+    {
+        let s = NDScope::new();
+        let d = c * 2.0;
+        assert_eq!(s.arrays(), vec![d]);
+    }
+    assert_eq!(counts(&m), (1, 32));
+    m.close();
+}
+
+#[test]
+fn a_thread_that_panics_inside_a_scope_frees_its_arrays() {
+    let m = NDManager::new();
+    let x = m.ones([8], DType::F32);
+    let joined = std::thread::scope(|t| {
+        t.spawn(|| {
+            let _s = NDScope::new();
+            let _a = x * 2.0;
+            let _b = m.zeros([8], DType::F32);
+            panic!("worker failed");
+        })
+        .join()
+    });
+    assert!(joined.is_err());
+    assert_eq!(counts(&m), (1, 32));
+    m.close();
+}
+
+/// An array created on thread B while thread A has a scope open is not registered in
+/// A's scope; B's own scope frees only B's arrays.
+#[test]
+fn scopes_are_per_thread() {
+    let m = NDManager::new();
+    let s = NDScope::new();
+    let a = m.ones([3], DType::F32);
+    let (b, c) = std::thread::scope(|t| {
+        t.spawn(|| {
+            let b = m.ones([3], DType::F32);
+            assert_eq!(b.ref_count(), 0, "no scope is open on this thread");
+            let c;
+            {
+                let sb = NDScope::new();
+                c = b + a;
+                assert_eq!(sb.arrays(), vec![c]);
+            }
+            (b, c)
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(c.is_closed());
+    assert_eq!(s.arrays(), vec![a]);
+    assert_eq!(b.ref_count(), 0);
+    drop(s);
+    assert!(a.is_closed() && !b.is_closed());
+    assert_eq!(counts(&m), (1, 12));
+    m.close();
+}
+
+/// A retained array crosses threads: created in a scope on one thread, used and
+/// released on another.
+#[test]
+fn retained_array_handed_to_another_thread() {
+    let m = NDManager::new();
+    let a = ndscope::scope(|| {
+        let a = m.create(&[1.0f32, 2.0], [2]);
+        a.retain();
+        a
+    });
+    assert_eq!(a.ref_count(), 1);
+    let freed = std::thread::spawn(move || {
+        assert_eq!((a * 2.0).to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+        a.release()
+    })
+    .join()
+    .unwrap();
+    // `a * 2.0` was created on the worker thread with no scope: it is still live.
+    assert!(freed && a.is_closed());
+    assert_eq!(counts(&m).0, 1);
+    m.close();
+    assert_eq!(counts(&m), (0, 0));
+}
+
+/// Four threads run scoped loops on one shared manager at once; every count returns
+/// to its baseline. A large input exercises ops computed outside the engine lock while
+/// other threads update their parameters in place.
+#[test]
+fn threads_share_a_manager_with_scoped_loops() {
+    const THREADS: usize = 4;
+    const STEPS: usize = 300;
+    let m = NDManager::new();
+    let x = m.create(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+    let big = m.ones([40_000], DType::F32);
+    let before = counts(&m);
+    let params: Vec<NDArray> = std::thread::scope(|t| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|k| {
+                let m = &m;
+                t.spawn(move || {
+                    let sub = m.new_sub_manager();
+                    let mut w = sub.zeros([2, 2], DType::F32);
+                    for step in 0..STEPS {
+                        let _s = NDScope::new();
+                        let grad = ndscope::scope(|| {
+                            let y = x * w + 1.0;
+                            (y - x) * 0.5
+                        });
+                        w -= grad * 0.01;
+                        if step % 50 == k {
+                            let s = ndscope::scope(|| (big + big) * 0.5);
+                            assert_eq!(s.size(), 40_000);
+                        }
+                        if step % 100 == 0 {
+                            // Nested scope with an escape in the middle of the loop.
+                            let inner = NDScope::new();
+                            let e = inner.escape(x + w);
+                            drop(inner);
+                            assert!(!e.is_closed());
+                        }
+                    }
+                    w.keep()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Only each thread's parameter is left (in its sub-manager).
+    assert_eq!(counts(&m), (before.0 + THREADS, before.1 + THREADS * 16));
+    // Every thread ran the same computation: the parameters agree exactly.
+    let first = params[0].to_vec::<f32>().unwrap();
+    assert_eq!(first[0], 0.0, "x = 1 is a fixed point of the update");
+    assert!(first[1..].iter().all(|&p| p > 0.0), "{first:?}");
+    for w in &params {
+        assert_eq!(w.to_vec::<f32>().unwrap(), first);
+        w.manager().close();
+    }
+    assert_eq!(counts(&m), before);
+    assert_eq!(m.children().len(), 0, "closed sub-managers are forgotten");
+    m.close();
+    assert_eq!(counts(&m), (0, 0));
+}
