@@ -163,7 +163,7 @@ fn explicit_scope_close_and_tidy_record_where_they_closed() {
 
     let mut t = None;
     let tidy_line = line!() + 1;
-    let _ = ndscope::scope(|| t = Some(m.ones([2], DType::F32)));
+    ndscope::scope(|| t = Some(m.ones([2], DType::F32)));
     let e = t.unwrap().try_shape().unwrap_err();
     let NdError::Closed(info) = &e else {
         panic!("expected Closed, got {e:?}");

@@ -226,10 +226,6 @@ fn close_and_manager_close_ignore_the_count() {
 /// `release()` with only scope registrations left gives up the innermost one (as the
 /// engine documents), so the array outlives the inner scope and dies with the outer.
 #[test]
-#[ignore = "bug: Registry::release (src/engine/mod.rs, `r.scopes.pop()`) drops the \
-            most recently added registration, not the innermost scope's: after \
-            `outer.attach(a)` on an array created in `inner`, release() drops outer's \
-            registration and inner's close then frees the array"]
 fn release_gives_up_the_innermost_registration() {
     let m = NDManager::new();
     let outer = NDScope::new();

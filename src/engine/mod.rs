@@ -110,6 +110,8 @@ pub(crate) struct ManagerRec {
 
 pub(crate) struct ScopeRec {
     parent: Option<Id>,
+    /// Nesting depth on its thread (outermost = 0), to find the innermost registration.
+    depth: u32,
     arrays: Vec<Id>,
     pub opened_at: SourceLocation,
     resources: Vec<Box<dyn Resource>>,
@@ -615,12 +617,18 @@ impl Registry {
             self.free_array(id, Some(at), CloseReason::Release);
             return Ok(true);
         }
-        let r = self.array_mut(id);
         if r.retains > 0 {
-            r.retains -= 1;
+            self.array_mut(id).retains -= 1;
         } else {
-            // Only scope registrations hold it: give up the innermost one.
-            let (sid, pos) = r.scopes.pop().expect("count > 1");
+            // Only scope registrations hold it: give up the innermost scope's.
+            let depth = |sid: Id| self.scopes.get(sid).map_or(0, |s| s.depth);
+            let (i, _) = r
+                .scopes
+                .iter()
+                .enumerate()
+                .max_by_key(|(_, (sid, _))| depth(*sid))
+                .expect("count > 1");
+            let (sid, pos) = self.array_mut(id).scopes.swap_remove(i);
             self.scope_unlink_at(sid, pos as usize);
         }
         Ok(false)
@@ -692,8 +700,12 @@ impl Registry {
 
     pub(crate) fn open_scope(&mut self, at: SourceLocation) -> Id {
         let parent = current_scope();
+        let depth = parent
+            .and_then(|p| self.scopes.get(p))
+            .map_or(0, |p| p.depth + 1);
         let id = self.scopes.insert(ScopeRec {
             parent,
+            depth,
             arrays: Vec::new(),
             opened_at: at,
             resources: Vec::new(),
