@@ -191,8 +191,9 @@ impl NDManager {
         }
     }
 
-    /// The manager tree below (and including) this manager, one line per manager with
-    /// its direct array count and subtree bytes.
+    /// The manager tree below (and including) this manager: one line per manager with
+    /// its direct array count and subtree counts and bytes, followed by its top three
+    /// creation sites.
     pub fn debug_dump(&self) -> String {
         let g = engine::lock();
         let mut out = String::new();
@@ -212,6 +213,18 @@ impl NDManager {
                 human_bytes(m.stats.peak),
                 indent = depth * 2
             );
+            let sites = crate::diag::leaks::report(g, id, false).sites;
+            for site in sites.iter().take(3) {
+                let _ = writeln!(
+                    out,
+                    "{:indent$}  {} arrays, {} from {}",
+                    "",
+                    site.count,
+                    human_bytes(site.bytes),
+                    site.location,
+                    indent = depth * 2
+                );
+            }
             for &c in g.manager_children(id).unwrap_or(&[]) {
                 walk(g, c, depth + 1, out);
             }

@@ -66,8 +66,9 @@ impl fmt::Display for LeakReport {
     }
 }
 
-/// Group the live arrays of `root`'s subtree by creation site. O(arrays in the subtree).
-pub(crate) fn report(g: &Registry, root: Id) -> LeakReport {
+/// Group the live arrays of `root` (and its subtree if `subtree`) by creation site.
+/// O(arrays visited).
+pub(crate) fn report(g: &Registry, root: Id, subtree: bool) -> LeakReport {
     let mut groups: HashMap<(usize, Id), (crate::SourceLocation, usize, usize)> = HashMap::new();
     let mut stack = vec![root];
     while let Some(mid) = stack.pop() {
@@ -81,7 +82,9 @@ pub(crate) fn report(g: &Registry, root: Id) -> LeakReport {
             e.1 += 1;
             e.2 += g.charged_bytes(id);
         }
-        stack.extend_from_slice(g.manager_children(mid).unwrap_or(&[]));
+        if subtree {
+            stack.extend_from_slice(g.manager_children(mid).unwrap_or(&[]));
+        }
     }
     let mut sites: Vec<LeakSite> = groups
         .into_iter()
@@ -102,7 +105,7 @@ pub(crate) fn report(g: &Registry, root: Id) -> LeakReport {
 
 /// Every live array of the process, grouped by creation site.
 pub fn leak_report() -> LeakReport {
-    report(&engine::lock(), engine::SYSTEM)
+    report(&engine::lock(), engine::SYSTEM, true)
 }
 
 impl NDManager {
@@ -121,7 +124,7 @@ impl NDManager {
     /// assert!(report.sites[0].location.starts_with(file!()));
     /// ```
     pub fn leak_report(&self) -> LeakReport {
-        report(&engine::lock(), self.id)
+        report(&engine::lock(), self.id, true)
     }
 }
 

@@ -3,7 +3,7 @@
 use crate::engine;
 use std::fmt;
 
-mod leaks;
+pub(crate) mod leaks;
 pub(crate) mod profile;
 pub use leaks::{
     LeakReport, LeakSite, LeakWarning, LeakWatch, assert_no_leaks, check_leaks, leak_report,

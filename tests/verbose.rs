@@ -1,0 +1,43 @@
+//! Verbose mode records backtraces at creation and close. Alone in its file because the
+//! switch is process-wide.
+
+use ndscope::{DType, NDManager, NDScope, NdError};
+
+#[test]
+fn verbose_mode_adds_two_backtraces() {
+    ndscope::config::set_verbose(true);
+    assert!(ndscope::config::verbose());
+    let m = NDManager::new();
+    let x = m.ones([2], DType::F32);
+    let t = {
+        let _s = NDScope::new();
+        x + 1.0
+    };
+    let e = t.try_mul(2.0).unwrap_err();
+    let NdError::Closed(info) = &e else {
+        panic!("{e:?}")
+    };
+    let created = info
+        .created_backtrace
+        .as_deref()
+        .expect("creation backtrace");
+    let closed = info.closed_backtrace.as_deref().expect("close backtrace");
+    assert!(
+        created.contains("verbose_mode_adds_two_backtraces"),
+        "{created}"
+    );
+    assert!(
+        closed.contains("verbose_mode_adds_two_backtraces"),
+        "{closed}"
+    );
+    let msg = e.to_string();
+    assert!(msg.contains("--- created at ---") && msg.contains("--- closed at ---"));
+    ndscope::config::set_verbose(false);
+    let u = x * 3.0;
+    u.close();
+    let NdError::Closed(info) = u.try_exp().unwrap_err() else {
+        panic!()
+    };
+    assert!(info.created_backtrace.is_none() && info.closed_backtrace.is_none());
+    m.close();
+}
