@@ -1,6 +1,6 @@
 //! Diagnostics (issue: use-after-close forensics, leak reports by source line, memory
-//! accounting, profiles). Tests that read process-wide counters hold `GLOBAL`, since
-//! tests in one binary run in parallel.
+//! accounting, profiles). Every test holds `GLOBAL`: several read process-wide counters
+//! or reports, and tests in one binary run in parallel.
 
 use ndscope::{
     CloseReason, DType, LeakWatch, NDManager, NDScope, NdError, assert_no_leaks, check_leaks,
@@ -23,6 +23,7 @@ fn closed_info(e: &NdError) -> &ndscope::ClosedInfo {
 
 #[test]
 fn scope_close_forensics_name_array_creating_line_scope_line_and_reason() {
+    let _g = lock();
     let m = NDManager::new();
     let x = m.ones([3], DType::F32);
     let scope_line = line!() + 2;
@@ -57,6 +58,7 @@ fn scope_close_forensics_name_array_creating_line_scope_line_and_reason() {
 
 #[test]
 fn manager_close_explicit_close_and_release_forensics() {
+    let _g = lock();
     let m = NDManager::new();
     m.set_name("params");
     let a = m.zeros([2], DType::F64);
@@ -234,12 +236,14 @@ fn check_leaks_reports_what_is_left() {
     let _g = lock();
     let base = memory();
     let m = NDManager::new();
-    let _a = m.zeros([16], DType::F32);
+    let (_a, line) = (m.zeros([16], DType::F32), line!());
     let report = check_leaks(&base).unwrap_err();
-    assert_eq!(
-        report.sites[0].location.split(':').nth(1),
-        Some(&*(line!() - 2).to_string())
-    );
+    let top_line = report.sites[0]
+        .location
+        .split(':')
+        .nth(1)
+        .map(str::to_owned);
+    assert_eq!(top_line, Some(line.to_string()));
     let r = std::panic::catch_unwind(|| assert_no_leaks(&base));
     assert!(r.is_err());
     m.close();
@@ -248,6 +252,7 @@ fn check_leaks_reports_what_is_left() {
 
 #[test]
 fn debug_dump_shows_tree_counts_and_bytes() {
+    let _g = lock();
     let m = NDManager::new();
     m.set_name("root-dump");
     let s = m.new_sub_manager();
