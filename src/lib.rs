@@ -36,6 +36,98 @@
 //! # Ok::<(), NdError>(())
 //! ```
 //!
+//! ## Tour
+//!
+//! ### Managers own arrays
+//!
+//! ```
+//! use ndscope::{DType, NDManager};
+//! let model = NDManager::new();                 // child of the system manager
+//! let layer = model.new_sub_manager();
+//! let w = layer.random_normal(0.0, 0.01, [3, 2], DType::F32);
+//! let x = model.ones([4, 3], DType::F32);
+//! let y = x.matmul(w);                          // owned by x's manager: `model`
+//! assert_eq!(y.manager(), model);
+//! assert_eq!(model.memory().live_arrays, 3);    // counts include sub-managers
+//! model.close();                                // frees x, y and (via layer) w
+//! assert!(w.is_closed());
+//! ```
+//!
+//! ### Scopes free intermediates; returned arrays escape one level
+//!
+//! ```
+//! use ndscope::{DType, NDManager, NDScope};
+//! let m = NDManager::new();
+//! let x = m.arange(0.0, 4.0, 1.0, DType::F64);
+//! let (total, squares) = ndscope::scope(|| {
+//!     let sq = x.square();                      // escapes (returned)
+//!     let t = sq.sum();                         // escapes (returned)
+//!     let _tmp = sq * 2.0;                      // freed when the scope closes
+//!     (t, sq)
+//! });
+//! assert_eq!(total.to_scalar::<f64>()?, 14.0);
+//! assert_eq!(m.memory().live_arrays, 3);        // x, squares, total
+//!
+//! let outer = NDScope::new();
+//! let kept = {
+//!     let inner = NDScope::new();
+//!     let k = x + 1.0;
+//!     inner.escape(k)                           // moves to `outer`
+//! };
+//! assert!(!kept.is_closed());
+//! drop(outer);                                  // now it is freed
+//! assert!(kept.is_closed());
+//! # let _ = squares;
+//! # Ok::<(), ndscope::NdError>(())
+//! ```
+//!
+//! ### Reference counts and `keep`
+//!
+//! ```
+//! use ndscope::{DType, NDManager, NDScope};
+//! let m = NDManager::new();
+//! let (a, b) = {
+//!     let _s = NDScope::new();
+//!     let a = m.zeros([2], DType::F32);
+//!     a.retain();                               // count 2: registration + retain
+//!     let b = m.ones([2], DType::F32).keep();   // leaves every scope
+//!     (a, b)
+//! };
+//! assert!(!a.is_closed() && !b.is_closed());    // both survived the scope
+//! assert!(a.release());                         // last reference: freed
+//! m.close();                                    // b dies with its manager
+//! assert!(b.is_closed());
+//! ```
+//!
+//! ### Where is my memory? Why was this closed?
+//!
+//! ```
+//! use ndscope::{DType, NDManager, NDScope};
+//! let m = NDManager::new();
+//! let w = m.ones([8], DType::F32);
+//! for _ in 0..5 {
+//!     let _grad_times_lr = w * 0.01;            // no scope: piles up in `m`
+//! }
+//! let report = m.leak_report();                 // grouped by creating line
+//! assert_eq!(report.sites[0].count, 5);
+//! println!("{report}\n{}", m.debug_dump());
+//!
+//! let t = { let _s = NDScope::new(); w * 2.0 };
+//! let err = t.try_exp().unwrap_err();
+//! // "use of a closed array: array #.. f32[8] (created at src/lib.rs:..) was closed
+//! //  by close of the scope opened at src/lib.rs:.. (guard dropped)"
+//! assert!(err.to_string().contains("close of the scope opened at"));
+//!
+//! let (_y, profile) = ndscope::profile(|| (w * 2.0).sum());
+//! assert_eq!(profile.ops.len(), 2);
+//! ```
+//!
+//! ### Errors and panics
+//!
+//! Every op has a `try_*` form returning [`Result`]`<NDArray, NdError>`; the operator
+//! or plain method panics with exactly the error's message. [`NdError`] variants carry
+//! structured fields (the arrays involved, with their creating lines).
+//!
 //! See `DESIGN.md` in the repository for the full ownership model.
 #![warn(missing_docs)]
 
