@@ -75,7 +75,7 @@ fn array_fns() -> Vec<ArrayFn> {
         ("add", |a, b| ok(a.try_add(b))),
         ("add (rhs)", |a, b| ok(b.try_add(a))),
         ("sub", |a, b| ok(a.try_sub(b))),
-        ("mul", |a, b| ok(a.try_mul(2.0))),
+        ("mul", |a, _| ok(a.try_mul(2.0))),
         ("div", |a, b| ok(b.try_div(a))),
         ("pow", |a, b| ok(a.try_pow(b))),
         ("maximum", |a, b| ok(a.try_maximum(b))),

@@ -121,7 +121,7 @@ fn eight_threads_train_share_and_churn_then_counters_return_to_baseline() {
                     let b = inner.full([16], 2.0, DType::F64);
                     let c = ndscope::scope(|| (a + b).sum());
                     assert_eq!(c.to_scalar::<f64>().unwrap(), 48.0);
-                    if n % 2 == 0 {
+                    if n.is_multiple_of(2) {
                         sub.cap();
                         assert!(sub.try_zeros([1], DType::F64).is_err());
                     }
