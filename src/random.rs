@@ -40,6 +40,15 @@ fn with_rng<R>(f: impl FnOnce(&mut SmallRng) -> R) -> R {
     f(rng)
 }
 
+/// Room for `n` samples, or `OutOfMemory` (never an allocation abort).
+fn samples<T>(n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| NdError::OutOfMemory {
+        bytes: n.saturating_mul(std::mem::size_of::<T>()),
+    })?;
+    Ok(v)
+}
+
 pub(crate) fn normal(loc: f64, scale: f64, n: usize) -> Result<Vec<f64>> {
     if !(loc.is_finite() && scale.is_finite() && scale >= 0.0) {
         return Err(NdError::invalid(
@@ -49,7 +58,9 @@ pub(crate) fn normal(loc: f64, scale: f64, n: usize) -> Result<Vec<f64>> {
     }
     let dist = Normal::new(loc, scale)
         .map_err(|e| NdError::invalid("random_normal", format!("loc {loc}, scale {scale}: {e}")))?;
-    Ok(with_rng(|r| (0..n).map(|_| dist.sample(r)).collect()))
+    let mut v = samples(n)?;
+    with_rng(|r| v.extend((0..n).map(|_| dist.sample(r))));
+    Ok(v)
 }
 
 pub(crate) fn uniform(low: f64, high: f64, n: usize) -> Result<Vec<f64>> {
@@ -59,11 +70,9 @@ pub(crate) fn uniform(low: f64, high: f64, n: usize) -> Result<Vec<f64>> {
             format!("need finite low <= high, got [{low}, {high})"),
         ));
     }
-    Ok(with_rng(|r| {
-        (0..n)
-            .map(|_| low + (high - low) * r.random::<f64>())
-            .collect()
-    }))
+    let mut v = samples(n)?;
+    with_rng(|r| v.extend((0..n).map(|_| low + (high - low) * r.random::<f64>())));
+    Ok(v)
 }
 
 pub(crate) fn integers(low: i64, high: i64, n: usize) -> Result<Vec<i64>> {
@@ -73,7 +82,7 @@ pub(crate) fn integers(low: i64, high: i64, n: usize) -> Result<Vec<i64>> {
             format!("need low < high, got [{low}, {high})"),
         ));
     }
-    Ok(with_rng(|r| {
-        (0..n).map(|_| r.random_range(low..high)).collect()
-    }))
+    let mut v = samples(n)?;
+    with_rng(|r| v.extend((0..n).map(|_| r.random_range(low..high))));
+    Ok(v)
 }

@@ -185,11 +185,15 @@ pub fn scope<R: Escape>(f: impl FnOnce() -> R) -> R {
     let at = Location::caller();
     let s = NDScope::new();
     let r = f();
+    // Collect first: `visit_arrays` is user code, which must not run under the engine
+    // lock (it may use ndscope, or panic before every array was visited).
+    let mut arrays = smallvec::SmallVec::<[NDArray; 4]>::new();
+    r.visit_arrays(&mut |a| arrays.push(a));
     {
         let mut g = engine::lock();
-        r.visit_arrays(&mut |a| {
+        for a in arrays {
             let _ = g.escape(s.id, a.id);
-        });
+        }
     }
     s.close_at(Some(at));
     std::mem::forget(s);

@@ -1,0 +1,996 @@
+//! Model-based property test (issue 7.1): random sequences of ownership actions,
+//! checked after every step against a plain reference model of who owns what
+//! (DESIGN.md rules 1-8).
+//!
+//! Actions: create, elementwise ops, views, open/close scopes (nested, closed out of
+//! order, by `close()` or by drop), `scope(|| ..)`, escape, scope attach, unregister /
+//! keep, retain, release, close an array, close a manager, new sub-manager, attach,
+//! detach, temp_attach, cap, uses of freed arrays, and a churn of more than 4096 frees
+//! (so that old tombstones are recycled and `ClosedUnknown` is exercised).
+//!
+//! After every step: each array's liveness, owner, shape and ref count; each manager's
+//! open/capped state, direct arrays, children (in order) and `memory()` counters (live
+//! arrays, buffers and bytes of its subtree); each open scope's registrations; the
+//! system manager's direct arrays and the process-wide counters. Every use of a freed
+//! array must fail with `NdError::Closed` carrying the right reason (or
+//! `ClosedUnknown` once more than 4096 arrays were freed after it).
+//!
+//! This file holds a single test so that the process-wide counters are the model's
+//! alone; the state machine runs on one thread because scopes are per thread.
+//!
+//! Cases: `NDSCOPE_MODEL_CASES` (default 1200, under a minute in a debug build);
+//! steps per case: up to `NDSCOPE_MODEL_STEPS` (default 120).
+
+use ndscope::{CloseReason, DType, NDArray, NDManager, NDScope, NdError, SourceLocation};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use std::collections::BTreeSet;
+use std::panic::{AssertUnwindSafe, Location, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Model index of the system manager (never closed, never capped).
+const SYS: usize = 0;
+/// Model index of the test's root manager (child of the system manager).
+const ROOT: usize = 1;
+/// The engine keeps the tombstones of the last this-many freed arrays.
+const TOMBSTONES: u64 = 4096;
+/// Arrays created and freed by one `Churn` action.
+const CHURN: u64 = 4200;
+
+static STEPS: AtomicU64 = AtomicU64::new(0);
+static CASES: AtomicU64 = AtomicU64::new(0);
+/// Coverage counters: freed-array errors checked (with details / `ClosedUnknown`),
+/// temporarily attached arrays returned home by a manager close.
+static CLOSED_SEEN: AtomicU64 = AtomicU64::new(0);
+static UNKNOWN_SEEN: AtomicU64 = AtomicU64::new(0);
+static RETURNED_HOME: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Clone, Debug)]
+enum Action {
+    Create { m: usize, len: usize },
+    Binary { a: usize, b: usize },
+    Scalar { a: usize },
+    View { a: usize },
+    OpenScope { site: u8 },
+    CloseScope { k: usize, by_drop: bool },
+    Tidy { a: usize },
+    Escape { k: usize, a: usize },
+    ScopeAttach { k: usize, a: usize },
+    Unregister { a: usize, keep: bool },
+    Retain { a: usize },
+    Release { a: usize },
+    CloseArray { a: usize },
+    CloseManager { m: usize },
+    NewSub { m: usize },
+    Attach { a: usize, m: usize },
+    Detach { a: usize },
+    TempAttach { a: usize, m: usize },
+    Cap { m: usize },
+    UseFreed { a: usize, how: u8 },
+    Churn,
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    let i = || 0usize..64;
+    prop_oneof![
+        8 => (i(), 0usize..4).prop_map(|(m, len)| Action::Create { m, len }),
+        5 => (i(), i()).prop_map(|(a, b)| Action::Binary { a, b }),
+        3 => i().prop_map(|a| Action::Scalar { a }),
+        3 => i().prop_map(|a| Action::View { a }),
+        5 => any::<u8>().prop_map(|site| Action::OpenScope { site }),
+        4 => (i(), any::<bool>()).prop_map(|(k, by_drop)| Action::CloseScope { k, by_drop }),
+        2 => i().prop_map(|a| Action::Tidy { a }),
+        3 => (i(), i()).prop_map(|(k, a)| Action::Escape { k, a }),
+        2 => (i(), i()).prop_map(|(k, a)| Action::ScopeAttach { k, a }),
+        2 => (i(), any::<bool>()).prop_map(|(a, keep)| Action::Unregister { a, keep }),
+        3 => i().prop_map(|a| Action::Retain { a }),
+        4 => i().prop_map(|a| Action::Release { a }),
+        2 => i().prop_map(|a| Action::CloseArray { a }),
+        2 => i().prop_map(|m| Action::CloseManager { m }),
+        3 => i().prop_map(|m| Action::NewSub { m }),
+        2 => (i(), i()).prop_map(|(a, m)| Action::Attach { a, m }),
+        1 => i().prop_map(|a| Action::Detach { a }),
+        2 => (i(), i()).prop_map(|(a, m)| Action::TempAttach { a, m }),
+        1 => i().prop_map(|m| Action::Cap { m }),
+        4 => (i(), any::<u8>()).prop_map(|(a, how)| Action::UseFreed { a, how }),
+        1 => Just(Action::Churn),
+    ]
+}
+
+/// Why the model freed an array.
+#[derive(Clone, Debug, PartialEq)]
+enum Why {
+    Explicit,
+    Release,
+    Scope(SourceLocation),
+    Manager(String),
+}
+
+#[derive(Clone, Debug)]
+struct Freed {
+    why: Why,
+    /// The freeing guard was dropped (no caller location recorded).
+    guard_dropped: bool,
+    /// Frees counted before this one (a lower bound, for bulk frees).
+    seq: u64,
+}
+
+struct MArr {
+    h: NDArray,
+    live: bool,
+    shape: Vec<usize>,
+    owner: usize,
+    temp_home: Option<usize>,
+    /// Model ids of the scopes it is registered in.
+    scopes: BTreeSet<usize>,
+    retains: u32,
+    buf: usize,
+    freed: Option<Freed>,
+}
+
+struct MBuf {
+    bytes: usize,
+    /// Arrays viewing it, in the order they were created; the first is charged.
+    holders: Vec<usize>,
+}
+
+struct MMgr {
+    h: NDManager,
+    name: String,
+    parent: Option<usize>,
+    /// Open sub-managers in the engine's order (push; swap_remove on close).
+    children: Vec<usize>,
+    open: bool,
+    capped: bool,
+}
+
+/// The errors a call may legitimately return.
+#[derive(Clone, Copy, Debug)]
+enum Exp {
+    Closed(usize),
+    MgrClosed,
+    Capped,
+    Shape,
+}
+
+struct Model {
+    arrays: Vec<MArr>,
+    bufs: Vec<MBuf>,
+    mgrs: Vec<MMgr>,
+    /// Open scope guards with their model ids, innermost last.
+    stack: Vec<(NDScope, usize)>,
+    /// Opening location of each model scope id.
+    scope_locs: Vec<SourceLocation>,
+    /// Arrays freed so far (model and churn).
+    frees: u64,
+    /// Sequence number to give every free of the bulk close in progress.
+    bulk: Option<u64>,
+    /// Process-wide (arrays, buffers, bytes) before the case.
+    base: (usize, usize, usize),
+    base_sys: BTreeSet<NDArray>,
+}
+
+fn counters() -> (usize, usize, usize) {
+    let s = ndscope::memory();
+    (s.live_arrays, s.live_buffers, s.live_bytes)
+}
+
+/// Open a scope at one of three source lines, so that close reasons tell them apart.
+fn open_scope(site: u8) -> NDScope {
+    match site % 3 {
+        0 => NDScope::new(),
+        1 => NDScope::new(),
+        _ => NDScope::new(),
+    }
+}
+
+/// `scope(|| (a * 2) + 1)`: the product is freed, the sum escapes. Returns the scope's
+/// location (the caller's, as `scope` records it), the product and the result.
+#[track_caller]
+fn tidy(a: NDArray) -> (SourceLocation, Option<NDArray>, ndscope::Result<NDArray>) {
+    let at = Location::caller();
+    let mut t_out = None;
+    let r = ndscope::scope(|| {
+        let t = a.try_mul(2.0)?;
+        t_out = Some(t);
+        t.try_add(1.0)
+    });
+    (at, t_out, r)
+}
+
+/// Run `f`, which must panic; returns the panic message. The panic hook is silenced
+/// meanwhile.
+fn expect_panic(f: impl FnOnce()) -> String {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = catch_unwind(AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    let payload = r.expect_err("expected a panic");
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let get = |s: &[usize], i: usize| {
+        if i < n - s.len() {
+            1
+        } else {
+            s[i - (n - s.len())]
+        }
+    };
+    (0..n)
+        .map(|i| match (get(a, i), get(b, i)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}
+
+impl Model {
+    fn new() -> Model {
+        let root = NDManager::new();
+        let sys = NDManager::system();
+        let base_sys = sys.arrays().into_iter().collect();
+        Model {
+            arrays: Vec::new(),
+            bufs: Vec::new(),
+            mgrs: vec![
+                MMgr {
+                    name: sys.name(),
+                    h: sys,
+                    parent: None,
+                    children: Vec::new(),
+                    open: true,
+                    capped: false,
+                },
+                MMgr {
+                    name: root.name(),
+                    h: root,
+                    parent: Some(SYS),
+                    children: Vec::new(),
+                    open: true,
+                    capped: false,
+                },
+            ],
+            stack: Vec::new(),
+            scope_locs: Vec::new(),
+            frees: 0,
+            bulk: None,
+            base: counters(),
+            base_sys,
+        }
+    }
+
+    // ------------------------------------------------------------ picking
+
+    /// An array index: mostly a live one, sometimes any (possibly freed) one.
+    fn pick(&self, a: usize) -> Option<usize> {
+        if self.arrays.is_empty() {
+            return None;
+        }
+        if a % 4 != 3 {
+            let live: Vec<usize> = (0..self.arrays.len())
+                .filter(|&i| self.arrays[i].live)
+                .collect();
+            if !live.is_empty() {
+                return Some(live[(a / 4) % live.len()]);
+            }
+        }
+        Some((a / 4) % self.arrays.len())
+    }
+
+    fn pick_freed(&self, a: usize) -> Option<usize> {
+        let dead: Vec<usize> = (0..self.arrays.len())
+            .filter(|&i| !self.arrays[i].live)
+            .collect();
+        (!dead.is_empty()).then(|| dead[a % dead.len()])
+    }
+
+    /// A manager index other than the system's: mostly an open one.
+    fn pick_mgr(&self, m: usize) -> usize {
+        if m % 4 != 3 {
+            let open: Vec<usize> = (ROOT..self.mgrs.len())
+                .filter(|&i| self.mgrs[i].open)
+                .collect();
+            if !open.is_empty() {
+                return open[(m / 4) % open.len()];
+            }
+        }
+        ROOT + (m / 4) % (self.mgrs.len() - ROOT)
+    }
+
+    // ------------------------------------------------------------ model updates
+
+    fn add_array(&mut self, h: NDArray, shape: Vec<usize>, owner: usize, share: Option<usize>) {
+        let i = self.arrays.len();
+        let buf = match share {
+            Some(b) => {
+                self.bufs[b].holders.push(i);
+                b
+            }
+            None => {
+                self.bufs.push(MBuf {
+                    bytes: shape.iter().product::<usize>() * 4,
+                    holders: vec![i],
+                });
+                self.bufs.len() - 1
+            }
+        };
+        let mut scopes = BTreeSet::new();
+        if let Some(&(_, sid)) = self.stack.last() {
+            scopes.insert(sid);
+        }
+        self.arrays.push(MArr {
+            h,
+            live: true,
+            shape,
+            owner,
+            temp_home: None,
+            scopes,
+            retains: 0,
+            buf,
+            freed: None,
+        });
+    }
+
+    fn free(&mut self, i: usize, why: Why, guard_dropped: bool) {
+        let seq = self.bulk.unwrap_or(self.frees);
+        let a = &mut self.arrays[i];
+        if !a.live {
+            return;
+        }
+        a.live = false;
+        a.scopes.clear();
+        a.freed = Some(Freed {
+            why,
+            guard_dropped,
+            seq,
+        });
+        self.frees += 1;
+        let b = a.buf;
+        self.bufs[b].holders.retain(|&h| h != i);
+    }
+
+    fn stack_pos(&self, sid: usize) -> usize {
+        self.stack
+            .iter()
+            .position(|&(_, s)| s == sid)
+            .expect("registrations name open scopes")
+    }
+
+    /// Close stack[k] (and every scope opened inside it).
+    fn close_scopes(&mut self, k: usize, by_drop: bool) {
+        let mut chain = self.stack.split_off(k);
+        let ids: Vec<usize> = chain.iter().map(|&(_, sid)| sid).collect();
+        let (outer, _) = chain.remove(0);
+        if by_drop {
+            drop(outer);
+        } else {
+            outer.close();
+        }
+        for (inner, _) in &chain {
+            assert!(
+                !inner.is_open(),
+                "closing an outer scope closes the inner ones"
+            );
+        }
+        drop(chain); // dropping guards of closed scopes does nothing
+        self.bulk = Some(self.frees);
+        for &sid in ids.iter().rev() {
+            let at = self.scope_locs[sid];
+            for i in 0..self.arrays.len() {
+                let a = &mut self.arrays[i];
+                if a.live && a.scopes.remove(&sid) && a.scopes.is_empty() && a.retains == 0 {
+                    self.free(i, Why::Scope(at), by_drop);
+                }
+            }
+        }
+        self.bulk = None;
+    }
+
+    fn close_mgr(&mut self, m: usize) {
+        if m == SYS || !self.mgrs[m].open {
+            return;
+        }
+        while let Some(&c) = self.mgrs[m].children.last() {
+            self.close_mgr(c);
+        }
+        for i in 0..self.arrays.len() {
+            if !(self.arrays[i].live && self.arrays[i].owner == m) {
+                continue;
+            }
+            let home = self.arrays[i].temp_home;
+            match home {
+                Some(h) if self.mgrs[h].open && !self.mgrs[h].capped && h != m => {
+                    self.arrays[i].owner = h;
+                    self.arrays[i].temp_home = None;
+                    RETURNED_HOME.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => {
+                    let name = self.mgrs[m].name.clone();
+                    self.free(i, Why::Manager(name), false);
+                }
+            }
+        }
+        self.mgrs[m].open = false;
+        let p = self.mgrs[m]
+            .parent
+            .expect("only the system manager has no parent");
+        let list = &mut self.mgrs[p].children;
+        // (The system manager's children are not modelled: it has others.)
+        if let Some(pos) = list.iter().position(|&c| c == m) {
+            list.swap_remove(pos);
+        }
+    }
+
+    // ------------------------------------------------------------ checks
+
+    fn is_expected(&self, e: &NdError, allowed: &[Exp]) -> bool {
+        allowed.iter().any(|exp| match (exp, e) {
+            (Exp::Closed(i), _) => self.is_closed_error(e, *i),
+            (Exp::MgrClosed, NdError::ManagerClosed { .. }) => true,
+            (Exp::Capped, NdError::ManagerCapped { .. }) => true,
+            (Exp::Shape, NdError::ShapeMismatch { .. }) => true,
+            _ => false,
+        })
+    }
+
+    fn expect_err<T: std::fmt::Debug>(&self, what: &str, r: ndscope::Result<T>, allowed: &[Exp]) {
+        match r {
+            Err(e) if self.is_expected(&e, allowed) => {}
+            other => panic!("{what}: expected one of {allowed:?}, got {other:?}"),
+        }
+    }
+
+    /// `e` says array `i` is closed, with the model's reason.
+    fn is_closed_error(&self, e: &NdError, i: usize) -> bool {
+        let a = &self.arrays[i];
+        let Some(f) = &a.freed else { return false };
+        match e {
+            NdError::Closed(info) => {
+                let reason_ok = match (&f.why, &info.reason) {
+                    (Why::Explicit, CloseReason::Explicit) => true,
+                    (Why::Release, CloseReason::Release) => true,
+                    (Why::Scope(at), CloseReason::ScopeClose { opened_at }) => at == opened_at,
+                    (Why::Manager(n), CloseReason::ManagerClose { manager }) => n == manager,
+                    _ => false,
+                };
+                CLOSED_SEEN.fetch_add(1, Ordering::Relaxed);
+                reason_ok
+                    && info.array.uid == a.h.uid()
+                    && info.array.shape.dims() == a.shape.as_slice()
+                    && info.closed_at.is_none() == f.guard_dropped
+            }
+            NdError::ClosedUnknown { uid } => {
+                UNKNOWN_SEEN.fetch_add(1, Ordering::Relaxed);
+                *uid == a.h.uid() && self.frees - f.seq > TOMBSTONES
+            }
+            _ => false,
+        }
+    }
+
+    fn check_freed(&self, i: usize, what: &str, r: ndscope::Result<impl std::fmt::Debug>) {
+        self.expect_err(what, r, &[Exp::Closed(i)]);
+    }
+
+    fn check(&self) {
+        // Arrays: liveness, owner, shape, count.
+        for (i, a) in self.arrays.iter().enumerate() {
+            assert_eq!(a.h.is_closed(), !a.live, "array {i} liveness");
+            if a.live {
+                let count = a.retains + a.scopes.len() as u32;
+                assert_eq!(a.h.try_ref_count().unwrap(), count, "array {i} count");
+                assert_eq!(
+                    a.h.try_manager().unwrap(),
+                    self.mgrs[a.owner].h,
+                    "array {i}"
+                );
+                assert_eq!(a.h.try_shape().unwrap().dims(), a.shape.as_slice());
+            }
+        }
+        // Expected subtree counters: (arrays, buffers, bytes) per manager.
+        let mut stats = vec![(0usize, 0usize, 0usize); self.mgrs.len()];
+        let mut add = |mut m: usize, d: (usize, usize, usize)| {
+            loop {
+                stats[m].0 += d.0;
+                stats[m].1 += d.1;
+                stats[m].2 += d.2;
+                match self.mgrs[m].parent {
+                    Some(p) => m = p,
+                    None => return,
+                }
+            }
+        };
+        for a in self.arrays.iter().filter(|a| a.live) {
+            add(a.owner, (1, 0, 0));
+        }
+        for b in &self.bufs {
+            if let Some(&first) = b.holders.first() {
+                add(self.arrays[first].owner, (0, 1, b.bytes));
+            }
+        }
+        for (m, mm) in self.mgrs.iter().enumerate().skip(ROOT) {
+            let s = mm.h.memory();
+            if !mm.open {
+                assert!(!mm.h.is_open(), "manager {m} should be closed");
+                assert_eq!(s, Default::default(), "closed manager {m}");
+                continue;
+            }
+            assert!(mm.h.is_open(), "manager {m} should be open");
+            assert_eq!(mm.h.is_capped(), mm.capped, "manager {m} capped");
+            assert_eq!(
+                (s.live_arrays, s.live_buffers, s.live_bytes),
+                stats[m],
+                "manager {m} counters"
+            );
+            let direct: BTreeSet<NDArray> = mm.h.arrays().into_iter().collect();
+            let model: BTreeSet<NDArray> = self
+                .arrays
+                .iter()
+                .filter(|a| a.live && a.owner == m)
+                .map(|a| a.h)
+                .collect();
+            assert_eq!(direct, model, "manager {m} direct arrays");
+            let children: Vec<NDManager> = mm
+                .children
+                .iter()
+                .map(|&c| self.mgrs[c].h.clone())
+                .collect();
+            assert_eq!(mm.h.children(), children, "manager {m} children");
+        }
+        // The system manager: detached arrays; the process-wide counters.
+        let sys: BTreeSet<NDArray> = NDManager::system().arrays().into_iter().collect();
+        let mut model_sys = self.base_sys.clone();
+        model_sys.extend(
+            self.arrays
+                .iter()
+                .filter(|a| a.live && a.owner == SYS)
+                .map(|a| a.h),
+        );
+        assert_eq!(sys, model_sys, "system manager's direct arrays");
+        let (ba, bb, bn) = self.base;
+        let (sa, sb, sn) = stats[SYS];
+        assert_eq!(counters(), (ba + sa, bb + sb, bn + sn), "process counters");
+        // Scopes: registrations.
+        for (pos, (s, sid)) in self.stack.iter().enumerate() {
+            assert!(s.is_open(), "scope at depth {pos}");
+            let real: BTreeSet<NDArray> = s.arrays().into_iter().collect();
+            let model: BTreeSet<NDArray> = self
+                .arrays
+                .iter()
+                .filter(|a| a.live && a.scopes.contains(sid))
+                .map(|a| a.h)
+                .collect();
+            assert_eq!(real, model, "scope at depth {pos} registrations");
+        }
+    }
+
+    // ------------------------------------------------------------ the interpreter
+
+    fn step(&mut self, act: &Action) {
+        match *act {
+            Action::Create { m, len } => {
+                let m = self.pick_mgr(m);
+                let r = self.mgrs[m].h.try_zeros([len], DType::F32);
+                if !self.mgrs[m].open {
+                    self.expect_err("create", r, &[Exp::MgrClosed]);
+                } else if self.mgrs[m].capped {
+                    self.expect_err("create", r, &[Exp::Capped]);
+                } else {
+                    self.add_array(r.expect("create"), vec![len], m, None);
+                }
+            }
+            Action::Binary { a, b } => {
+                let (Some(a), Some(b)) = (self.pick(a), self.pick(b)) else {
+                    return;
+                };
+                let r = self.arrays[a].h.try_add(self.arrays[b].h);
+                let (x, y) = (&self.arrays[a], &self.arrays[b]);
+                let shape = broadcast(&x.shape, &y.shape);
+                if !x.live {
+                    self.expect_err("add", r, &[Exp::Closed(a)]);
+                } else if !y.live {
+                    self.expect_err("add", r, &[Exp::Closed(b)]);
+                } else if self.mgrs[x.owner].capped || shape.is_none() {
+                    let mut allowed = vec![];
+                    if self.mgrs[x.owner].capped {
+                        allowed.push(Exp::Capped);
+                    }
+                    if shape.is_none() {
+                        allowed.push(Exp::Shape);
+                    }
+                    self.expect_err("add", r, &allowed);
+                } else if let Some(shape) = shape {
+                    let owner = x.owner;
+                    self.add_array(r.expect("add"), shape, owner, None);
+                }
+            }
+            Action::Scalar { a } => {
+                let Some(a) = self.pick(a) else { return };
+                let r = self.arrays[a].h.try_mul(2.0);
+                let x = &self.arrays[a];
+                if !x.live {
+                    self.expect_err("mul", r, &[Exp::Closed(a)]);
+                } else if self.mgrs[x.owner].capped {
+                    self.expect_err("mul", r, &[Exp::Capped]);
+                } else {
+                    let (shape, owner) = (x.shape.clone(), x.owner);
+                    self.add_array(r.expect("mul"), shape, owner, None);
+                }
+            }
+            Action::View { a } => {
+                let Some(a) = self.pick(a) else { return };
+                let x = &self.arrays[a];
+                let mut shape = vec![1];
+                shape.extend(&x.shape);
+                let r = x.h.try_reshape(shape.as_slice());
+                if !x.live {
+                    self.expect_err("reshape", r, &[Exp::Closed(a)]);
+                } else if self.mgrs[x.owner].capped {
+                    self.expect_err("reshape", r, &[Exp::Capped]);
+                } else {
+                    let (owner, buf) = (x.owner, x.buf);
+                    self.add_array(r.expect("reshape"), shape, owner, Some(buf));
+                }
+            }
+            Action::OpenScope { site } => {
+                let s = open_scope(site);
+                let sid = self.scope_locs.len();
+                self.scope_locs.push(s.opened_at().expect("open"));
+                self.stack.push((s, sid));
+            }
+            Action::CloseScope { k, by_drop } => {
+                if !self.stack.is_empty() {
+                    let k = k % self.stack.len();
+                    self.close_scopes(k, by_drop);
+                }
+            }
+            Action::Tidy { a } => {
+                let Some(a) = self.pick(a) else { return };
+                let (at, t, r) = tidy(self.arrays[a].h);
+                let x = &self.arrays[a];
+                if !x.live {
+                    self.expect_err("scope(a * 2 + 1)", r, &[Exp::Closed(a)]);
+                    assert!(t.is_none());
+                } else if self.mgrs[x.owner].capped {
+                    self.expect_err("scope(a * 2 + 1)", r, &[Exp::Capped]);
+                    assert!(t.is_none());
+                } else {
+                    let (shape, owner) = (x.shape.clone(), x.owner);
+                    // The product lived only in the tidy scope; the result escaped to the
+                    // enclosing scope (registered there as if created in it).
+                    self.add_array(t.expect("product"), shape.clone(), owner, None);
+                    let ti = self.arrays.len() - 1;
+                    self.free(ti, Why::Scope(at), false);
+                    self.add_array(r.expect("tidy result"), shape, owner, None);
+                }
+            }
+            Action::Escape { k, a } => {
+                let Some(a) = self.pick(a) else { return };
+                if self.stack.is_empty() {
+                    return;
+                }
+                let k = k % self.stack.len();
+                let r = self.stack[k].0.try_escape(self.arrays[a].h);
+                if !self.arrays[a].live {
+                    return self.check_freed(a, "escape", r);
+                }
+                r.expect("escape");
+                let sid = self.stack[k].1;
+                let parent = k.checked_sub(1).map(|p| self.stack[p].1);
+                let x = &mut self.arrays[a];
+                if x.scopes.remove(&sid)
+                    && let Some(p) = parent
+                {
+                    x.scopes.insert(p);
+                }
+            }
+            Action::ScopeAttach { k, a } => {
+                let Some(a) = self.pick(a) else { return };
+                if self.stack.is_empty() {
+                    return;
+                }
+                let k = k % self.stack.len();
+                let r = self.stack[k].0.try_attach(self.arrays[a].h);
+                if !self.arrays[a].live {
+                    return self.check_freed(a, "scope attach", r);
+                }
+                r.expect("scope attach");
+                let sid = self.stack[k].1;
+                self.arrays[a].scopes.insert(sid);
+            }
+            Action::Unregister { a, keep } => {
+                let Some(a) = self.pick(a) else { return };
+                let h = self.arrays[a].h;
+                let call = move || {
+                    if keep {
+                        h.keep();
+                    } else {
+                        NDScope::unregister(h);
+                    }
+                };
+                if self.arrays[a].live {
+                    call();
+                    self.arrays[a].scopes.clear();
+                } else {
+                    // No `try_` twin: documented to panic with the `Closed` message.
+                    let msg = expect_panic(call);
+                    assert!(msg.starts_with("use of a closed array"), "{msg}");
+                }
+            }
+            Action::Retain { a } => {
+                let Some(a) = self.pick(a) else { return };
+                let r = self.arrays[a].h.try_retain();
+                if !self.arrays[a].live {
+                    return self.check_freed(a, "retain", r);
+                }
+                let x = &mut self.arrays[a];
+                x.retains += 1;
+                assert_eq!(r.expect("retain"), x.retains + x.scopes.len() as u32);
+            }
+            Action::Release { a } => {
+                let Some(a) = self.pick(a) else { return };
+                let r = self.arrays[a].h.try_release();
+                if !self.arrays[a].live {
+                    return self.check_freed(a, "release", r);
+                }
+                let x = &self.arrays[a];
+                let count = x.retains + x.scopes.len() as u32;
+                let freed = r.expect("release");
+                assert_eq!(freed, count <= 1, "release of count {count}");
+                if count <= 1 {
+                    self.free(a, Why::Release, false);
+                } else if x.retains > 0 {
+                    self.arrays[a].retains -= 1;
+                } else {
+                    let innermost = *x
+                        .scopes
+                        .iter()
+                        .max_by_key(|&&sid| self.stack_pos(sid))
+                        .expect("count > 1");
+                    self.arrays[a].scopes.remove(&innermost);
+                }
+            }
+            Action::CloseArray { a } => {
+                let Some(a) = self.pick(a) else { return };
+                self.arrays[a].h.close(); // idempotent
+                self.free(a, Why::Explicit, false);
+            }
+            Action::CloseManager { m } => {
+                let m = self.pick_mgr(m);
+                self.mgrs[m].h.close(); // idempotent
+                self.bulk = Some(self.frees);
+                self.close_mgr(m);
+                self.bulk = None;
+            }
+            Action::NewSub { m } => {
+                let m = self.pick_mgr(m);
+                let r = self.mgrs[m].h.try_new_sub_manager();
+                if !self.mgrs[m].open {
+                    return self.expect_err("new_sub_manager", r, &[Exp::MgrClosed]);
+                }
+                let h = r.expect("new_sub_manager");
+                let i = self.mgrs.len();
+                self.mgrs.push(MMgr {
+                    name: h.name(),
+                    h,
+                    parent: Some(m),
+                    children: Vec::new(),
+                    open: true,
+                    capped: false,
+                });
+                self.mgrs[m].children.push(i);
+            }
+            Action::Attach { a, m } => {
+                let Some(a) = self.pick(a) else { return };
+                let m = self.pick_mgr(m);
+                let r = self.arrays[a].h.try_attach(&self.mgrs[m].h);
+                let mut allowed = vec![];
+                if !self.arrays[a].live {
+                    allowed.push(Exp::Closed(a));
+                }
+                if !self.mgrs[m].open {
+                    allowed.push(Exp::MgrClosed);
+                } else if self.mgrs[m].capped {
+                    allowed.push(Exp::Capped);
+                }
+                if !allowed.is_empty() {
+                    return self.expect_err("attach", r, &allowed);
+                }
+                r.expect("attach");
+                self.arrays[a].owner = m;
+                self.arrays[a].temp_home = None;
+            }
+            Action::Detach { a } => {
+                let Some(a) = self.pick(a) else { return };
+                let r = self.arrays[a].h.try_detach();
+                if !self.arrays[a].live {
+                    return self.check_freed(a, "detach", r);
+                }
+                r.expect("detach");
+                self.arrays[a].owner = SYS;
+                self.arrays[a].temp_home = None;
+            }
+            Action::TempAttach { a, m } => {
+                let Some(a) = self.pick(a) else { return };
+                let m = self.pick_mgr(m);
+                let r = self.arrays[a].h.try_temp_attach(&self.mgrs[m].h);
+                let mut allowed = vec![];
+                if !self.arrays[a].live {
+                    allowed.push(Exp::Closed(a));
+                }
+                if !self.mgrs[m].open {
+                    allowed.push(Exp::MgrClosed);
+                } else if self.mgrs[m].capped {
+                    allowed.push(Exp::Capped);
+                }
+                if !allowed.is_empty() {
+                    return self.expect_err("temp_attach", r, &allowed);
+                }
+                r.expect("temp_attach");
+                let x = &mut self.arrays[a];
+                x.temp_home = Some(x.temp_home.unwrap_or(x.owner));
+                x.owner = m;
+            }
+            Action::Cap { m } => {
+                let m = self.pick_mgr(m);
+                self.mgrs[m].h.cap();
+                if self.mgrs[m].open {
+                    self.mgrs[m].capped = true;
+                }
+            }
+            Action::UseFreed { a, how } => {
+                let Some(i) = self.pick_freed(a) else { return };
+                self.use_freed(i, how);
+            }
+            Action::Churn => {
+                let scratch = NDManager::new();
+                for _ in 0..CHURN {
+                    scratch.zeros([1], DType::F32).close();
+                }
+                scratch.close();
+                self.frees += CHURN;
+            }
+        }
+    }
+
+    /// Every use of a freed array fails with `Closed` and the right reason.
+    fn use_freed(&self, i: usize, how: u8) {
+        let h = self.arrays[i].h;
+        assert!(h.is_closed());
+        h.close(); // idempotent, no panic
+        assert!(format!("{h:?}").contains("closed"));
+        let live = self.arrays.iter().find(|a| a.live).map(|a| a.h);
+        match how % 16 {
+            0 => self.check_freed(i, "shape", h.try_shape()),
+            1 => self.check_freed(i, "dtype", h.try_dtype()),
+            2 => self.check_freed(i, "to_vec", h.to_vec::<f32>()),
+            3 => self.check_freed(i, "add scalar", h.try_add(1.0)),
+            4 => match live {
+                Some(l) => self.check_freed(i, "live + freed", l.try_add(h)),
+                None => self.check_freed(i, "freed + freed", h.try_add(h)),
+            },
+            5 => self.check_freed(i, "retain", h.try_retain()),
+            6 => self.check_freed(i, "release", h.try_release()),
+            7 => self.check_freed(i, "ref_count", h.try_ref_count()),
+            8 => self.check_freed(i, "reshape", h.try_reshape([1, 1])),
+            9 => self.check_freed(i, "sum", h.try_sum()),
+            10 => self.check_freed(i, "addi", h.try_addi(1.0)),
+            11 => self.check_freed(i, "detach", h.try_detach()),
+            12 => self.check_freed(i, "manager", h.try_manager()),
+            13 => match self.stack.last() {
+                Some((s, _)) => self.check_freed(i, "escape", s.try_escape(h)),
+                None => self.check_freed(i, "to_scalar", h.to_scalar::<f32>()),
+            },
+            14 => self.check_freed(i, "temp_attach", h.try_temp_attach(&self.mgrs[ROOT].h)),
+            _ => {
+                let msg = expect_panic(|| {
+                    let _ = h + 1.0;
+                });
+                let e = h.try_add(1.0).unwrap_err();
+                assert_eq!(
+                    msg,
+                    e.to_string(),
+                    "the operator panics with the error text"
+                );
+            }
+        }
+    }
+
+    /// Close what is left the way a user would, checking the model on the way; then the
+    /// process counters are back at the baseline.
+    fn finish(&mut self) {
+        while !self.stack.is_empty() {
+            let k = self.stack.len() - 1;
+            self.close_scopes(k, true);
+            self.check();
+        }
+        self.mgrs[ROOT].h.close();
+        self.bulk = Some(self.frees);
+        self.close_mgr(ROOT);
+        self.bulk = None;
+        self.check();
+        for i in 0..self.arrays.len() {
+            if self.arrays[i].live {
+                assert_eq!(self.arrays[i].owner, SYS, "only detached arrays are left");
+                self.arrays[i].h.close();
+                self.free(i, Why::Explicit, false);
+            }
+        }
+        self.check();
+        assert_eq!(counters(), self.base, "counters back at baseline");
+    }
+}
+
+impl Drop for Model {
+    /// After a failure, free everything the case made so that shrinking starts clean.
+    fn drop(&mut self) {
+        while let Some((s, _)) = self.stack.pop() {
+            drop(s);
+        }
+        self.mgrs[ROOT].h.close();
+        for a in &self.arrays {
+            a.h.close();
+        }
+    }
+}
+
+fn run_case(actions: &[Action]) {
+    let mut model = Model::new();
+    model.check();
+    for act in actions {
+        model.step(act);
+        model.check();
+        STEPS.fetch_add(1, Ordering::Relaxed);
+    }
+    model.finish();
+    CASES.fetch_add(1, Ordering::Relaxed);
+}
+
+fn env_or(name: &str, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn ownership_matches_the_reference_model() {
+    let cases = env_or("NDSCOPE_MODEL_CASES", 1200);
+    let max_steps = env_or("NDSCOPE_MODEL_STEPS", 120) as usize;
+    let base = counters();
+    let system_children = NDManager::system().children().len();
+    let t0 = std::time::Instant::now();
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let result = runner.run(&prop::collection::vec(action(), 1..=max_steps), |acts| {
+        run_case(&acts);
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    assert_eq!(counters(), base);
+    assert_eq!(NDManager::system().children().len(), system_children);
+    let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    println!(
+        "model: {} cases, {} steps, in {:.1?}; freed-array errors checked: {} with details, \
+         {} ClosedUnknown; temp-attached arrays returned home: {}",
+        n(&CASES),
+        n(&STEPS),
+        t0.elapsed(),
+        n(&CLOSED_SEEN),
+        n(&UNKNOWN_SEEN),
+        n(&RETURNED_HOME),
+    );
+}
