@@ -100,6 +100,14 @@ impl Resource for Bomb {
     }
 }
 
+/// Counts its closes.
+struct Counted(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+impl Resource for Counted {
+    fn close(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 #[test]
 fn panicking_resource_close_frees_arrays_first() {
     let parent = NDManager::new();
@@ -118,8 +126,16 @@ fn panicking_resource_close_frees_arrays_first() {
         "the scope's arrays were freed before its resources"
     );
     m.attach_resource(Bomb).unwrap();
+    let closed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    m.attach_resource(Counted(closed.clone())).unwrap();
+    m.attach_resource(Bomb).unwrap();
     let r = quiet(|| m.close());
     assert!(r.is_err());
+    assert_eq!(
+        closed.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "a panicking resource does not stop the others from closing"
+    );
     assert!(x.is_closed() && !m.is_open());
     assert_eq!(counts(&parent), (0, 0, 0));
     // The library still works on this thread.

@@ -863,10 +863,18 @@ impl Registry {
     }
 }
 
-/// Close resources outside the lock (innermost/most recent first).
+/// Close resources outside the lock (innermost/most recent first). Every resource is
+/// closed even if one panics; the first panic is then resumed.
 pub(crate) fn close_resources(resources: Vec<Box<dyn Resource>>) {
+    let mut first_panic = None;
     for mut r in resources {
-        r.close();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.close()));
+        if let Err(p) = result {
+            first_panic.get_or_insert(p);
+        }
+    }
+    if let Some(p) = first_panic {
+        std::panic::resume_unwind(p);
     }
 }
 
