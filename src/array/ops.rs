@@ -2,8 +2,8 @@
 //! their in-place forms. Every op has a `try_*` form and a panicking form.
 
 use super::NDArray;
-use crate::dtype::{Float, Native, Scalar, ScalarValue, dispatch, dispatch_float};
 use crate::autograd::{self, Rule};
+use crate::dtype::{Float, Native, Scalar, ScalarValue, dispatch, dispatch_float};
 use crate::engine::{self, Operand, Output, kernels};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use crate::{DType, Shape};

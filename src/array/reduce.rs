@@ -7,8 +7,8 @@
 
 use super::NDArray;
 use crate::DType;
-use crate::dtype::{Native, dispatch};
 use crate::autograd::{self, ReduceKind, Rule};
+use crate::dtype::{Native, dispatch};
 use crate::engine::storage::new_filled;
 use crate::engine::{self, Buffer, Operand, Output, kernels};
 use crate::error::{NdError, Result, SourceLocation, unwrap};

@@ -87,7 +87,8 @@ pub(crate) fn unbroadcast(g: NDArray, shape: &Shape) -> Result<NDArray> {
 
 /// A 0-d zero of `g`'s dtype (for `where_`).
 fn zero_like(g: NDArray) -> Result<NDArray> {
-    g.try_manager()?.try_zeros(Shape(Dims::new()), g.try_dtype()?)
+    g.try_manager()?
+        .try_zeros(Shape(Dims::new()), g.try_dtype()?)
 }
 
 /// Masked gradient: `g` where `mask`, else 0.
@@ -102,7 +103,13 @@ fn keep_dims_shape(shape: &Shape, axes: &Option<SmallVec<[isize; 4]>>) -> (Shape
         None => (0..nd).collect(),
         Some(a) => a
             .iter()
-            .map(|&x| if x < 0 { (x + nd as isize) as usize } else { x as usize })
+            .map(|&x| {
+                if x < 0 {
+                    (x + nd as isize) as usize
+                } else {
+                    x as usize
+                }
+            })
             .collect(),
     };
     let mut count = 1;
@@ -145,10 +152,7 @@ fn input_grads(node: &Node, g: NDArray) -> Result<Grads> {
             let y = arr(node.inputs[1]);
             let (gx, gy) = match op {
                 BinOp::Add => (Some(g), need(1).then_some(g)),
-                BinOp::Sub => (
-                    Some(g),
-                    if need(1) { Some(g.try_neg()?) } else { None },
-                ),
+                BinOp::Sub => (Some(g), if need(1) { Some(g.try_neg()?) } else { None }),
                 BinOp::Mul => (
                     if need(0) { Some(g.try_mul(y)?) } else { None },
                     if need(1) { Some(g.try_mul(x)?) } else { None },
@@ -182,8 +186,16 @@ fn input_grads(node: &Node, g: NDArray) -> Result<Grads> {
                     };
                     let zero = zero_like(g)?;
                     (
-                        if need(0) { Some(to_x.try_where_(g, zero)?) } else { None },
-                        if need(1) { Some(to_x.try_where_(zero, g)?) } else { None },
+                        if need(0) {
+                            Some(to_x.try_where_(g, zero)?)
+                        } else {
+                            None
+                        },
+                        if need(1) {
+                            Some(to_x.try_where_(zero, g)?)
+                        } else {
+                            None
+                        },
                     )
                 }
             };
@@ -291,11 +303,19 @@ fn input_grads(node: &Node, g: NDArray) -> Result<Grads> {
             let (x2s, y2s) = (x2.try_shape()?, y2.try_shape()?);
             if need(0) {
                 let gx = unbroadcast(g2.try_matmul(swap_last(y2)?)?, &x2s)?;
-                r[0] = Some(if &x2s == xs { gx } else { gx.try_reshape(xs.clone())? });
+                r[0] = Some(if &x2s == xs {
+                    gx
+                } else {
+                    gx.try_reshape(xs.clone())?
+                });
             }
             if need(1) {
                 let gy = unbroadcast(swap_last(x2)?.try_matmul(g2)?, &y2s)?;
-                r[1] = Some(if &y2s == ys { gy } else { gy.try_reshape(ys.clone())? });
+                r[1] = Some(if &y2s == ys {
+                    gy
+                } else {
+                    gy.try_reshape(ys.clone())?
+                });
             }
             return Ok(r);
         }
@@ -372,6 +392,5 @@ fn input_grads(node: &Node, g: NDArray) -> Result<Grads> {
 }
 
 fn axes_all(axes: &Option<SmallVec<[isize; 4]>>, nd: usize) -> SmallVec<[isize; 4]> {
-    axes.clone()
-        .unwrap_or_else(|| (0..nd as isize).collect())
+    axes.clone().unwrap_or_else(|| (0..nd as isize).collect())
 }

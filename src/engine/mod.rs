@@ -653,10 +653,12 @@ impl Registry {
             return;
         };
         r.holds = r.holds.saturating_sub(1);
-        if r.holds == 0 && r.retains == 0 && r.scopes.is_empty() {
-            if let Some(opened_at) = r.orphaned {
-                self.free_array(id, None, CloseReason::ScopeClose { opened_at });
-            }
+        if r.holds == 0
+            && r.retains == 0
+            && r.scopes.is_empty()
+            && let Some(opened_at) = r.orphaned
+        {
+            self.free_array(id, None, CloseReason::ScopeClose { opened_at });
         }
     }
 
