@@ -132,6 +132,7 @@
 #![warn(missing_docs)]
 
 mod array;
+mod autograd;
 mod diag;
 mod dtype;
 mod engine;
@@ -142,6 +143,7 @@ mod scope;
 mod shape;
 
 pub use array::{NDArray, Rhs};
+pub use autograd::GradientCollector;
 pub use diag::{
     LeakReport, LeakSite, LeakWarning, LeakWatch, MemoryStats, OpRecord, Profile, assert_no_leaks,
     check_leaks, config, leak_report, memory, profile, reset_peak,

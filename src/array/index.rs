@@ -13,6 +13,7 @@
 use super::NDArray;
 use super::ops::Rhs;
 use crate::DType;
+use crate::autograd::{self, Rule};
 use crate::dtype::{Native, ScalarValue, dispatch};
 use crate::engine::{self, Layout, Output, kernels};
 use crate::error::{ArrayDesc, NdError, Result, SourceLocation, unwrap};
@@ -178,6 +179,7 @@ fn get(x: NDArray, index: &str, at: SourceLocation) -> Result<NDArray> {
         let layout = select(o.layout, index).map_err(|m| index_error("get", m, o.desc()))?;
         Ok(Output::View { of: 0, layout })
     })?;
+    autograd::record(&[x.id], id, || Rule::Get(index.into()));
     Ok(NDArray { id })
 }
 
@@ -194,6 +196,7 @@ fn scalar_as<T: Native>(s: ScalarValue, dtype: DType) -> T {
 }
 
 fn set(x: NDArray, index: &str, value: Rhs) -> Result<()> {
+    crate::autograd::check_inplace("set", x.id)?;
     let ids = match value {
         Rhs::Array(v) => vec![v.id],
         Rhs::Scalar(_) => Vec::new(),

@@ -8,6 +8,7 @@
 use super::NDArray;
 use super::ops::{BinOp, Rhs, binary, same_dtype};
 use crate::DType;
+use crate::autograd::{self, Rule};
 use crate::dtype::dispatch;
 use crate::engine::layout::{Strides, for_each_row};
 use crate::engine::storage::new_filled;
@@ -173,6 +174,7 @@ fn matmul_impl(x: NDArray, y: NDArray, op: &'static str, at: SourceLocation) -> 
             dtype: a.dtype,
         })
     })?;
+    autograd::record(&[x.id, y.id], id, || Rule::Matmul);
     Ok(NDArray { id })
 }
 

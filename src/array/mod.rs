@@ -15,6 +15,7 @@ mod reduce;
 mod shape_ops;
 
 pub use ops::Rhs;
+pub(crate) use ops::{BinOp, UnOp};
 
 use crate::dtype::{Element, dispatch};
 use crate::engine::{self, Id, kernels};

@@ -6,6 +6,7 @@ use super::NDArray;
 use super::ops::{broadcast_shape, same_dtype};
 use super::reduce::normalize_axis;
 use crate::DType;
+use crate::autograd::{self, Rule};
 use crate::dtype::{Float, Native, dispatch, dispatch_float};
 use crate::engine::layout::{Strides, for_each_row};
 use crate::engine::storage::new_filled;
@@ -112,6 +113,7 @@ fn softmax_impl(x: NDArray, axis: isize, log: bool, at: SourceLocation) -> Resul
             dtype: a.dtype,
         })
     })?;
+    autograd::record(&[x.id], id, || Rule::Softmax { axis, log });
     Ok(NDArray { id })
 }
 
@@ -189,6 +191,7 @@ fn clip_impl(x: NDArray, min: f64, max: f64, at: SourceLocation) -> Result<NDArr
             dtype: a.dtype,
         })
     })?;
+    autograd::record(&[x.id], id, || Rule::Clip { min, max });
     Ok(NDArray { id })
 }
 
@@ -255,6 +258,7 @@ fn where_impl(cond: NDArray, x: NDArray, y: NDArray, at: SourceLocation) -> Resu
             dtype: a.dtype,
         })
     })?;
+    autograd::record(&[cond.id, x.id, y.id], id, || Rule::Where);
     Ok(NDArray { id })
 }
 

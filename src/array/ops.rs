@@ -2,6 +2,7 @@
 //! their in-place forms. Every op has a `try_*` form and a panicking form.
 
 use super::NDArray;
+use crate::autograd::{self, Rule};
 use crate::dtype::{Float, Native, Scalar, ScalarValue, dispatch, dispatch_float};
 use crate::engine::{self, Operand, Output, kernels};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
@@ -275,6 +276,14 @@ pub(crate) fn binary(
             })
         })?,
     };
+    match rhs {
+        Rhs::Array(y) => autograd::record(&[x.id, y.id], id, || Rule::Binary(op)),
+        Rhs::Scalar(s) => autograd::record(&[x.id], id, || Rule::Scalar {
+            op,
+            s: autograd::scalar_f64(s),
+            left: scalar_left,
+        }),
+    }
     Ok(NDArray { id })
 }
 
@@ -370,12 +379,14 @@ pub(crate) fn unary(x: NDArray, op: UnOp, at: SourceLocation) -> Result<NDArray>
             dtype: a.dtype,
         })
     })?;
+    autograd::record(&[x.id], id, || Rule::Unary(op));
     Ok(NDArray { id })
 }
 
 /// In place: `x = x op rhs`; `rhs` must broadcast to `x`'s shape.
 pub(crate) fn binary_inplace(x: NDArray, op: BinOp, rhs: Rhs) -> Result<()> {
     let name = op.name();
+    autograd::check_inplace(name, x.id)?;
     match rhs {
         Rhs::Array(y) => engine::run_inplace(x.id, &[y.id], |mut t, o| {
             let b = &o[0];

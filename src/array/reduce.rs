@@ -7,6 +7,7 @@
 
 use super::NDArray;
 use crate::DType;
+use crate::autograd::{self, ReduceKind, Rule};
 use crate::dtype::{Native, dispatch};
 use crate::engine::storage::new_filled;
 use crate::engine::{self, Buffer, Operand, Output, kernels};
@@ -215,6 +216,19 @@ fn reduction(
         };
         Ok(Output::New { buf, shape, dtype })
     })?;
+    let kind = match op {
+        Red::Sum => Some(ReduceKind::Sum),
+        Red::Mean => Some(ReduceKind::Mean),
+        Red::Max => Some(ReduceKind::Max),
+        Red::Min => Some(ReduceKind::Min),
+        Red::Prod => None,
+    };
+    if let Some(kind) = kind {
+        autograd::record(&[x.id], id, || Rule::Reduce {
+            kind,
+            axes: axes.map(SmallVec::from_slice),
+        });
+    }
     Ok(NDArray { id })
 }
 

@@ -7,6 +7,7 @@
 //! reshape of a non-contiguous array) copy into a new contiguous buffer.
 
 use super::NDArray;
+use crate::autograd::{self, Rule};
 use crate::dtype::{Native, dispatch};
 use crate::engine::layout::{Strides, for_each_row};
 use crate::engine::storage::new_filled;
@@ -105,6 +106,7 @@ fn reshape(x: NDArray, shape: Shape, at: SourceLocation) -> Result<NDArray> {
         }
         reshape_output(o, shape)
     })?;
+    autograd::record(&[x.id], id, || Rule::Reshape);
     Ok(NDArray { id })
 }
 
@@ -190,6 +192,7 @@ fn permute(x: NDArray, axes: Option<&[usize]>, at: SourceLocation) -> Result<NDA
             layout: permuted(o.layout, &perm),
         })
     })?;
+    autograd::record(&[x.id], id, || Rule::Permute(axes.map(Dims::from_slice)));
     Ok(NDArray { id })
 }
 
@@ -218,6 +221,7 @@ fn expand_dims(x: NDArray, axis: isize, at: SourceLocation) -> Result<NDArray> {
             },
         })
     })?;
+    autograd::record(&[x.id], id, || Rule::Reshape);
     Ok(NDArray { id })
 }
 
@@ -247,6 +251,7 @@ fn squeeze(x: NDArray, axis: Option<isize>, at: SourceLocation) -> Result<NDArra
             layout: permuted(l, &keep),
         })
     })?;
+    autograd::record(&[x.id], id, || Rule::Reshape);
     Ok(NDArray { id })
 }
 
@@ -271,6 +276,7 @@ fn broadcast_to(x: NDArray, shape: Shape, at: SourceLocation) -> Result<NDArray>
             dtype: o.dtype,
         })
     })?;
+    autograd::record(&[x.id], id, || Rule::BroadcastTo);
     Ok(NDArray { id })
 }
 
@@ -355,6 +361,7 @@ fn concat(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray
         }
         gather(ops, &shape, &strides, &bases)
     })?;
+    autograd::record(&ids, id, || Rule::Concat { axis, stack: false });
     Ok(NDArray { id })
 }
 
@@ -391,6 +398,7 @@ fn stack(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray>
         let bases: Vec<usize> = (0..ops.len()).map(|i| i * step).collect();
         gather(ops, &shape, &strides, &bases)
     })?;
+    autograd::record(&ids, id, || Rule::Concat { axis, stack: true });
     Ok(NDArray { id })
 }
 
@@ -403,6 +411,7 @@ fn to_dtype(x: NDArray, dtype: DType, at: SourceLocation) -> Result<NDArray> {
             dtype,
         })
     })?;
+    autograd::record(&[x.id], id, || Rule::ToDType);
     Ok(NDArray { id })
 }
 

@@ -22,6 +22,10 @@
 //!   process-wide ones.
 //! * **Scope** ([`ScopeRec`]): its parent scope on the same thread and the arrays
 //!   registered in it. The innermost open scope of each thread is a thread-local id.
+//! * Autograd adds three fields to the array record (and nothing else to the engine):
+//!   a parameter's gradient array (freed with the parameter), and tape holds with an
+//!   `orphaned` mark, which keep an intermediate alive for a gradient tape past the
+//!   close of its scope without counting as a user reference (see [`Registry::hold`]).
 //! * A dead record leaves a tombstone ([`ClosedInfo`]) that makes use-after-close errors
 //!   say what the array was and where and why it was freed.
 //!
@@ -79,6 +83,16 @@ pub(crate) struct ArrayRec {
     pub created_at: SourceLocation,
     created_bt: Option<Arc<str>>,
     temp_home: Option<Id>,
+    // ---- autograd (see `crate::autograd`): a small, self-contained addition.
+    /// The gradient array of a parameter (`set_requires_gradient(true)`); freed with it.
+    pub grad: Option<Id>,
+    /// Holds by gradient tapes: like retains they keep the array alive past the close of
+    /// its scopes, but they are not user references (not in `ref_count`), so dropping
+    /// the last one frees the array only if a scope close wanted to free it meanwhile.
+    holds: u32,
+    /// Set (to the scope's opening site) when a scope close left the array alive only
+    /// because of tape holds; the last `unhold` then frees it.
+    orphaned: Option<SourceLocation>,
 }
 
 struct BufMeta {
@@ -446,6 +460,9 @@ impl Registry {
             created_at: at,
             created_bt: backtrace(),
             temp_home: None,
+            grad: None,
+            holds: 0,
+            orphaned: None,
         });
         self.managers
             .get_mut(mgr)
@@ -564,6 +581,9 @@ impl Registry {
         reason: CloseReason,
     ) -> bool {
         let closed_bt = backtrace();
+        // A parameter's gradient lives and dies with it.
+        let grad = self.arrays.get(id).and_then(|r| r.grad);
+        let grad_reason = grad.map(|_| reason.clone());
         let Some(rec) = self.arrays.remove_with(id, |r| ClosedInfo {
             array: ArrayDesc {
                 uid: id.uid(),
@@ -594,7 +614,52 @@ impl Registry {
         }
         self.adjust(rec.manager, -1, 0, 0, 0);
         self.remove_holder(rec.buffer, id, rec.manager);
+        if let (Some(g), Some(reason)) = (grad, grad_reason) {
+            self.free_array(g, at, reason);
+        }
         true
+    }
+
+    // ---------------------------------------------------------------- autograd
+
+    /// The gradient array of parameter `id`, if it requires one.
+    pub(crate) fn grad(&self, id: Id) -> Result<Option<Id>> {
+        Ok(self.array(id)?.grad)
+    }
+
+    /// Whether `id` is a live parameter (has a gradient array).
+    pub(crate) fn is_param(&self, id: Id) -> bool {
+        self.arrays.get(id).is_some_and(|r| r.grad.is_some())
+    }
+
+    /// Set or clear the gradient array of `id`.
+    pub(crate) fn set_grad(&mut self, id: Id, grad: Option<Id>) -> Result<()> {
+        self.array(id)?;
+        self.array_mut(id).grad = grad;
+        Ok(())
+    }
+
+    /// A tape hold: keeps `id` alive past the close of its scopes until `unhold`.
+    pub(crate) fn hold(&mut self, id: Id) -> Result<()> {
+        self.array(id)?;
+        self.array_mut(id).holds += 1;
+        Ok(())
+    }
+
+    /// Drop a tape hold; frees the array if it was the last hold and a scope close
+    /// found the array held only by tapes. A freed array is ignored.
+    pub(crate) fn unhold(&mut self, id: Id) {
+        let Some(r) = self.arrays.get_mut(id) else {
+            return;
+        };
+        r.holds = r.holds.saturating_sub(1);
+        if r.holds == 0
+            && r.retains == 0
+            && r.scopes.is_empty()
+            && let Some(opened_at) = r.orphaned
+        {
+            self.free_array(id, None, CloseReason::ScopeClose { opened_at });
+        }
     }
 
     pub(crate) fn retain(&mut self, id: Id) -> Result<u32> {
@@ -646,6 +711,7 @@ impl Registry {
             return;
         }
         r.scopes.push((sid, scope.arrays.len() as u32));
+        r.orphaned = None;
         scope.arrays.push(id);
     }
 
@@ -749,7 +815,10 @@ impl Registry {
                 if let Some(i) = r.scopes.iter().position(|&(s, _)| s == c) {
                     r.scopes.swap_remove(i);
                 }
-                if r.scopes.is_empty() && r.retains == 0 {
+                if r.scopes.is_empty() && r.retains == 0 && r.holds > 0 {
+                    // Kept for a gradient tape; its last `unhold` frees it.
+                    r.orphaned = Some(scope.opened_at);
+                } else if r.scopes.is_empty() && r.retains == 0 {
                     self.free_array(
                         id,
                         at,

@@ -1,0 +1,396 @@
+//! The backward pass and the gradient rule of every differentiable op.
+//!
+//! Each rule maps the gradient `g` of a node's output to the gradients of the inputs
+//! that need one, written with ordinary ndscope ops (run unrecorded, inside the scope
+//! `backward` opens). A gradient whose input was broadcast is summed over the broadcast
+//! axes back to the input's shape ([`unbroadcast`]).
+
+use super::{IdMap, Node, ReduceKind, Rule};
+use crate::array::{BinOp, UnOp};
+use crate::engine::{self, Id};
+use crate::error::{NdError, Result};
+use crate::shape::Dims;
+use crate::{NDArray, Shape};
+use smallvec::SmallVec;
+
+type Grads = SmallVec<[Option<NDArray>; 3]>;
+
+/// Run backward over `nodes` from `loss`, adding into the parameters' gradients.
+pub(super) fn run(nodes: &[Node], tracked: &super::IdSet, loss: NDArray) -> Result<()> {
+    let seed = {
+        let (shape, dtype) = (loss.try_shape()?, loss.try_dtype()?);
+        loss.try_manager()?.try_ones(shape, dtype)?
+    };
+    let loss_is_param = engine::lock().is_param(loss.id);
+    if !tracked.contains(&loss.id) && !loss_is_param {
+        return Err(NdError::invalid(
+            "backward",
+            "the loss was not computed from an array that requires a gradient while this \
+             GradientCollector was recording",
+        ));
+    }
+    let mut grads: IdMap<NDArray> = IdMap::default();
+    grads.insert(loss.id, seed);
+    for node in nodes.iter().rev() {
+        let Some(g) = grads.remove(&node.output) else {
+            continue;
+        };
+        let inputs = input_grads(node, g)?;
+        for (i, gi) in inputs.into_iter().enumerate() {
+            let Some(gi) = gi else { continue };
+            let id = node.inputs[i];
+            match grads.get(&id) {
+                Some(&prev) => {
+                    grads.insert(id, prev.try_add(gi)?);
+                }
+                None => {
+                    grads.insert(id, gi);
+                }
+            }
+        }
+    }
+    // What is left are leaves: add the parameters' gradients in place.
+    for (id, g) in grads {
+        let Some(pg) = engine::lock().grad(id).ok().flatten() else {
+            continue;
+        };
+        NDArray { id: pg }.try_addi(g)?;
+    }
+    Ok(())
+}
+
+/// Sum `g` over the axes that broadcasting added or stretched so it has `shape`.
+pub(crate) fn unbroadcast(g: NDArray, shape: &Shape) -> Result<NDArray> {
+    let gs = g.try_shape()?;
+    if &gs == shape {
+        return Ok(g);
+    }
+    let (gd, td) = (gs.dims(), shape.dims());
+    let lead = gd.len() - td.len();
+    let mut axes: SmallVec<[isize; 4]> = (0..lead as isize).collect();
+    for (i, &t) in td.iter().enumerate() {
+        if t == 1 && gd[lead + i] != 1 {
+            axes.push((lead + i) as isize);
+        }
+    }
+    let s = if axes.is_empty() {
+        g
+    } else {
+        g.try_sum_axes(&axes, true)?
+    };
+    if s.try_shape()? == *shape {
+        Ok(s)
+    } else {
+        s.try_reshape(shape.clone())
+    }
+}
+
+/// A 0-d zero of `g`'s dtype (for `where_`).
+fn zero_like(g: NDArray) -> Result<NDArray> {
+    g.try_manager()?
+        .try_zeros(Shape(Dims::new()), g.try_dtype()?)
+}
+
+/// Masked gradient: `g` where `mask`, else 0.
+fn masked(mask: NDArray, g: NDArray) -> Result<NDArray> {
+    mask.try_where_(g, zero_like(g)?)
+}
+
+/// The shape with the reduced `axes` kept as size 1.
+fn keep_dims_shape(shape: &Shape, axes: &Option<SmallVec<[isize; 4]>>) -> (Shape, usize) {
+    let nd = shape.ndim();
+    let norm: SmallVec<[usize; 4]> = match axes {
+        None => (0..nd).collect(),
+        Some(a) => a
+            .iter()
+            .map(|&x| {
+                if x < 0 {
+                    (x + nd as isize) as usize
+                } else {
+                    x as usize
+                }
+            })
+            .collect(),
+    };
+    let mut count = 1;
+    let dims: Dims = shape
+        .dims()
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| {
+            if norm.contains(&d) {
+                count *= n;
+                1
+            } else {
+                n
+            }
+        })
+        .collect();
+    (Shape(dims), count)
+}
+
+/// `x` with its last two axes swapped.
+fn swap_last(x: NDArray) -> Result<NDArray> {
+    let nd = x.try_shape()?.ndim();
+    let mut perm: SmallVec<[usize; 4]> = (0..nd).collect();
+    perm.swap(nd - 2, nd - 1);
+    x.try_permute(&perm)
+}
+
+fn arr(id: Id) -> NDArray {
+    NDArray { id }
+}
+
+/// The gradients of `node`'s inputs (None where not needed) given its output's `g`.
+fn input_grads(node: &Node, g: NDArray) -> Result<Grads> {
+    let need = |i: usize| node.needs & (1 << i) != 0;
+    let x = arr(node.inputs[0]);
+    let out = arr(node.output);
+    let mut r: Grads = SmallVec::from_elem(None, node.inputs.len());
+    match &node.rule {
+        Rule::Binary(op) => {
+            let y = arr(node.inputs[1]);
+            let (gx, gy) = match op {
+                BinOp::Add => (Some(g), need(1).then_some(g)),
+                BinOp::Sub => (Some(g), if need(1) { Some(g.try_neg()?) } else { None }),
+                BinOp::Mul => (
+                    if need(0) { Some(g.try_mul(y)?) } else { None },
+                    if need(1) { Some(g.try_mul(x)?) } else { None },
+                ),
+                BinOp::Div => (
+                    if need(0) { Some(g.try_div(y)?) } else { None },
+                    if need(1) {
+                        Some(g.try_mul(x)?.try_div(y.try_square()?)?.try_neg()?)
+                    } else {
+                        None
+                    },
+                ),
+                BinOp::Pow => (
+                    if need(0) {
+                        Some(g.try_mul(y)?.try_mul(x.try_pow(y.try_sub(1.0)?)?)?)
+                    } else {
+                        None
+                    },
+                    if need(1) {
+                        Some(g.try_mul(out)?.try_mul(x.try_log()?)?)
+                    } else {
+                        None
+                    },
+                ),
+                BinOp::Maximum | BinOp::Minimum => {
+                    // Ties go to x.
+                    let to_x = if *op == BinOp::Maximum {
+                        x.try_ge(y)?
+                    } else {
+                        x.try_le(y)?
+                    };
+                    let zero = zero_like(g)?;
+                    (
+                        if need(0) {
+                            Some(to_x.try_where_(g, zero)?)
+                        } else {
+                            None
+                        },
+                        if need(1) {
+                            Some(to_x.try_where_(zero, g)?)
+                        } else {
+                            None
+                        },
+                    )
+                }
+            };
+            if need(0)
+                && let Some(gx) = gx
+            {
+                r[0] = Some(unbroadcast(gx, &node.shapes[0])?);
+            }
+            if need(1)
+                && let Some(gy) = gy
+            {
+                r[1] = Some(unbroadcast(gy, &node.shapes[1])?);
+            }
+            return Ok(r);
+        }
+        Rule::Scalar { op, s, left } => {
+            let s = *s;
+            r[0] = Some(match (op, left) {
+                (BinOp::Add, _) => g,
+                (BinOp::Sub, false) => g,
+                (BinOp::Sub, true) => g.try_neg()?,
+                (BinOp::Mul, _) => g.try_mul(s)?,
+                (BinOp::Div, false) => g.try_div(s)?,
+                // d(s/x) = -s/x^2
+                (BinOp::Div, true) => g.try_mul(-s)?.try_div(x.try_square()?)?,
+                (BinOp::Pow, false) => g.try_mul(x.try_pow(s - 1.0)?.try_mul(s)?)?,
+                // d(s^x) = s^x ln s
+                (BinOp::Pow, true) => g.try_mul(out)?.try_mul(s.ln())?,
+                (BinOp::Maximum, _) => masked(x.try_ge(s)?, g)?,
+                (BinOp::Minimum, _) => masked(x.try_le(s)?, g)?,
+            });
+        }
+        Rule::Unary(op) => {
+            r[0] = Some(match op {
+                UnOp::Neg => g.try_neg()?,
+                UnOp::Abs => {
+                    let zero = zero_like(g)?;
+                    x.try_gt(0.0)?
+                        .try_where_(g, x.try_lt(0.0)?.try_where_(g.try_neg()?, zero)?)?
+                }
+                UnOp::Square => g.try_mul(x)?.try_mul(2.0)?,
+                UnOp::Relu => masked(x.try_gt(0.0)?, g)?,
+                UnOp::Exp => g.try_mul(out)?,
+                UnOp::Log => g.try_div(x)?,
+                UnOp::Sqrt => g.try_mul(0.5)?.try_div(out)?,
+                UnOp::Sin => g.try_mul(x.try_cos()?)?,
+                UnOp::Cos => g.try_mul(x.try_sin()?)?.try_neg()?,
+                UnOp::Tanh => g.try_mul(1.0 - out.try_square()?)?,
+                UnOp::Sigmoid => g.try_mul(out)?.try_mul(1.0 - out)?,
+            });
+        }
+        Rule::Reduce { kind, axes } => {
+            let xs = &node.shapes[0];
+            let (ks, count) = keep_dims_shape(xs, axes);
+            let gk = g.try_reshape(ks.clone())?;
+            r[0] = Some(match kind {
+                ReduceKind::Sum => gk.try_broadcast_to(xs.clone())?,
+                ReduceKind::Mean => gk.try_div(count as f64)?.try_broadcast_to(xs.clone())?,
+                ReduceKind::Max | ReduceKind::Min => {
+                    // Ties share the gradient equally.
+                    let mask = x.try_eq(out.try_reshape(ks)?)?;
+                    let ones = mask.try_to_dtype(g.try_dtype()?)?;
+                    let n = ones.try_sum_axes(&axes_all(axes, xs.ndim()), true)?;
+                    ones.try_mul(gk.try_div(n)?)?
+                }
+            });
+        }
+        Rule::Matmul => {
+            let y = arr(node.inputs[1]);
+            let (xs, ys) = (&node.shapes[0], &node.shapes[1]);
+            if xs.ndim() == 1 && ys.ndim() == 1 {
+                if need(0) {
+                    r[0] = Some(g.try_mul(y)?);
+                }
+                if need(1) {
+                    r[1] = Some(g.try_mul(x)?);
+                }
+                return Ok(r);
+            }
+            // Promote 1-D operands as numpy does, then the usual 2-D rules per batch.
+            let x2 = if xs.ndim() == 1 {
+                x.try_reshape([1, xs.dims()[0]])?
+            } else {
+                x
+            };
+            let y2 = if ys.ndim() == 1 {
+                y.try_reshape([ys.dims()[0], 1])?
+            } else {
+                y
+            };
+            let gs = g.try_shape()?;
+            let mut g2dims: Dims = gs.0.clone();
+            if xs.ndim() == 1 {
+                let n = g2dims.len();
+                g2dims.insert(n - 1, 1);
+            }
+            if ys.ndim() == 1 {
+                g2dims.push(1);
+            }
+            let g2 = if g2dims.as_slice() == gs.dims() {
+                g
+            } else {
+                g.try_reshape(Shape(g2dims))?
+            };
+            let (x2s, y2s) = (x2.try_shape()?, y2.try_shape()?);
+            if need(0) {
+                let gx = unbroadcast(g2.try_matmul(swap_last(y2)?)?, &x2s)?;
+                r[0] = Some(if &x2s == xs {
+                    gx
+                } else {
+                    gx.try_reshape(xs.clone())?
+                });
+            }
+            if need(1) {
+                let gy = unbroadcast(swap_last(x2)?.try_matmul(g2)?, &y2s)?;
+                r[1] = Some(if &y2s == ys {
+                    gy
+                } else {
+                    gy.try_reshape(ys.clone())?
+                });
+            }
+            return Ok(r);
+        }
+        Rule::Reshape => r[0] = Some(g.try_reshape(node.shapes[0].clone())?),
+        Rule::Permute(perm) => {
+            let nd = node.shapes[0].ndim();
+            let perm: Dims = perm.clone().unwrap_or_else(|| (0..nd).rev().collect());
+            let mut inv: Dims = SmallVec::from_elem(0, nd);
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            r[0] = Some(g.try_permute(&inv)?);
+        }
+        Rule::BroadcastTo => r[0] = Some(unbroadcast(g, &node.shapes[0])?),
+        Rule::Get(index) => {
+            let z = g
+                .try_manager()?
+                .try_zeros(node.shapes[0].clone(), g.try_dtype()?)?;
+            z.try_set(index, g)?;
+            r[0] = Some(z);
+        }
+        Rule::Softmax { axis, log } => {
+            let axes = [*axis];
+            r[0] = Some(if *log {
+                g.try_sub(out.try_exp()?.try_mul(g.try_sum_axes(&axes, true)?)?)?
+            } else {
+                out.try_mul(g.try_sub(g.try_mul(out)?.try_sum_axes(&axes, true)?)?)?
+            });
+        }
+        Rule::Clip { min, max } => {
+            r[0] = Some(masked(x.try_ge(*min)?, masked(x.try_le(*max)?, g)?)?);
+        }
+        Rule::Where => {
+            let cond = x;
+            let zero = zero_like(g)?;
+            if need(1) {
+                r[1] = Some(unbroadcast(cond.try_where_(g, zero)?, &node.shapes[1])?);
+            }
+            if need(2) {
+                r[2] = Some(unbroadcast(cond.try_where_(zero, g)?, &node.shapes[2])?);
+            }
+            return Ok(r);
+        }
+        Rule::Concat { axis, stack } => {
+            let nd = g.try_shape()?.ndim() as isize;
+            let ax = if *axis < 0 { axis + nd } else { *axis } as usize;
+            let mut start = 0usize;
+            for (i, s) in node.shapes.iter().enumerate() {
+                let len = if *stack { 1 } else { s.dims()[ax] };
+                if need(i) {
+                    let mut idx = String::new();
+                    for _ in 0..ax {
+                        idx.push_str(":,");
+                    }
+                    if *stack {
+                        idx.push_str(&start.to_string());
+                    } else {
+                        idx.push_str(&format!("{start}:{}", start + len));
+                    }
+                    let part = g.try_get(&idx)?;
+                    // A contiguous copy, so later in-place accumulation never aliases g.
+                    r[i] = Some(part.try_reshape(s.clone())?.try_mul(1.0)?);
+                }
+                start += len;
+            }
+            return Ok(r);
+        }
+        Rule::ToDType => r[0] = Some(g.try_to_dtype(x.try_dtype()?)?),
+    }
+    if !need(0) {
+        r[0] = None;
+    }
+    Ok(r)
+}
+
+fn axes_all(axes: &Option<SmallVec<[isize; 4]>>, nd: usize) -> SmallVec<[isize; 4]> {
+    axes.clone().unwrap_or_else(|| (0..nd as isize).collect())
+}

@@ -1,0 +1,505 @@
+//! Reverse-mode automatic differentiation, DJL-style: [`GradientCollector`].
+//!
+//! ```
+//! use ndscope::{DType, GradientCollector, NDManager};
+//! let m = NDManager::new();
+//! let w = m.create(&[1.0f32, 2.0], [2, 1]);
+//! w.set_requires_gradient(true);
+//! let x = m.create(&[3.0f32, 4.0], [1, 2]);
+//! {
+//!     let gc = GradientCollector::new();        // zeroes w's gradient, starts recording
+//!     let loss = x.matmul(w).square().sum();    // (3*1 + 4*2)^2 = 121
+//!     gc.backward(loss)?;                       // d/dw = 2 * 11 * x^T
+//! }
+//! assert_eq!(w.gradient().to_vec::<f32>()?, vec![66.0, 88.0]);
+//! assert_eq!(w.gradient(), w.gradient());       // always the same handle
+//! # Ok::<(), ndscope::NdError>(())
+//! ```
+//!
+//! # Design
+//!
+//! * **Parameters.** `w.set_requires_gradient(true)` creates `w`'s gradient array once:
+//!   zeros of `w`'s shape and dtype, owned by `w`'s manager and registered in no scope.
+//!   The engine's array record links it to `w` (so it is freed with `w`, however `w`
+//!   dies), and a global list of parameters lets a new collector zero the gradients by
+//!   visiting the parameters only, never all live arrays (the walk that slowed DJL down).
+//!   [`NDArray::gradient`] returns that handle on every call; backward writes into it in
+//!   place, so it never creates an array in a long-lived manager.
+//! * **Recording.** A collector sets a thread-local flag. Every differentiable op calls
+//!   [`record`] after its result exists; with the flag off that is one thread-local
+//!   read. With it on, the op is appended to this thread's tape only if an input is
+//!   *tracked*: a parameter or the result of an op already on the tape. A tape node
+//!   holds the rule (op and its constants), its inputs, their shapes, its output and a
+//!   mask of the inputs that need a gradient, so backward does no work for data arrays.
+//! * **Lifetime of intermediates.** A node holds (engine "tape holds") the arrays its
+//!   rule reads, e.g. both inputs of `mul`, the output of `exp`. A hold is a reference
+//!   count that keeps the array alive when the scope it was created in closes, like
+//!   `retain()`. Unlike `retain()` it is not a user reference: the tape also holds
+//!   parameters and data arrays that live in no scope, and a plain `retain`/`release`
+//!   pair would free those (rule 5: `release()` of an array with no other reference
+//!   frees it), as it would an array the user escaped out of every scope. So dropping
+//!   the last hold frees the array only if a scope close found it held only by tapes.
+//!   Holds are dropped when `backward` returns (it consumes the tape) or when the
+//!   collector drops; then nothing the tape kept is live.
+//! * **Backward.** `backward(loss)` seeds `ones` of the loss's shape (a non-scalar loss
+//!   is summed), walks the tape in reverse applying the rules in [`backward`], reduces
+//!   each input's gradient over broadcast axes back to the input's shape, and adds the
+//!   results into the parameters' gradient arrays in place. Its temporaries live in an
+//!   `NDScope` it opens and closes itself. Ops run during backward are not recorded.
+//! * **Zeroing.** [`GradientCollector::new`] zeroes every parameter's gradient (DJL and
+//!   `optimizer.zero_grad()` in PyTorch); [`GradientCollector::accumulating`] leaves
+//!   them, so gradients add up over several collectors (PyTorch's default).
+//! * **In-place ops** on an array the current tape depends on (a parameter or a
+//!   recorded result) are an error while the tape is not empty, as in PyTorch; update
+//!   parameters after `backward` (which empties the tape) or after the collector drops.
+//! * One collector per thread at a time; recording covers only ops run on its thread.
+
+pub(crate) mod backward;
+
+use crate::dtype::{ScalarValue, dispatch};
+use crate::engine::{self, Id, kernels};
+use crate::error::{NdError, Result, unwrap};
+use crate::shape::Dims;
+use crate::{NDArray, NDScope, Shape};
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::marker::PhantomData;
+
+pub(crate) use crate::array::{BinOp, UnOp};
+
+/// What a tape node computed, with the constants its gradient rule needs.
+#[derive(Clone, Debug)]
+pub(crate) enum Rule {
+    /// `x op y` of two arrays (broadcasting).
+    Binary(BinOp),
+    /// `x op s`, or `s op x` when `left`.
+    Scalar { op: BinOp, s: f64, left: bool },
+    /// Elementwise unary math.
+    Unary(UnOp),
+    /// `sum`/`mean`/`max`/`min` over `axes` (`None`: all).
+    Reduce {
+        kind: ReduceKind,
+        axes: Option<SmallVec<[isize; 4]>>,
+    },
+    /// numpy `matmul`.
+    Matmul,
+    /// reshape, flatten, expand_dims, squeeze: same elements, another shape.
+    Reshape,
+    /// permute/transpose (`None`: reverse the axes).
+    Permute(Option<Dims>),
+    /// broadcast_to.
+    BroadcastTo,
+    /// An index view (`get`).
+    Get(Box<str>),
+    /// softmax / log_softmax along an axis.
+    Softmax { axis: isize, log: bool },
+    /// clip to `[min, max]`.
+    Clip { min: f64, max: f64 },
+    /// `where_(cond, x, y)`: inputs are cond, x, y.
+    Where,
+    /// concat (`stack == false`) or stack along an axis.
+    Concat { axis: isize, stack: bool },
+    /// A float-to-float dtype conversion.
+    ToDType,
+}
+
+/// The reductions with a gradient.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReduceKind {
+    /// sum
+    Sum,
+    /// mean
+    Mean,
+    /// max (ties share the gradient)
+    Max,
+    /// min (ties share the gradient)
+    Min,
+}
+
+impl Rule {
+    /// Which inputs (bit mask) and whether the output the rule reads in backward.
+    fn saves(&self, n_inputs: usize) -> (u8, bool) {
+        let all = ((1u16 << n_inputs) - 1) as u8;
+        match self {
+            Rule::Binary(BinOp::Add | BinOp::Sub) => (0, false),
+            Rule::Binary(BinOp::Pow) => (all, true),
+            Rule::Binary(_) => (all, false),
+            Rule::Scalar { op, left, .. } => match op {
+                BinOp::Add | BinOp::Sub | BinOp::Mul => (0, false),
+                BinOp::Div if !left => (0, false),
+                BinOp::Pow if *left => (0, true),
+                _ => (1, false),
+            },
+            Rule::Unary(op) => match op {
+                UnOp::Neg => (0, false),
+                UnOp::Exp | UnOp::Sqrt | UnOp::Tanh | UnOp::Sigmoid => (0, true),
+                _ => (1, false),
+            },
+            Rule::Reduce { kind, .. } => match kind {
+                ReduceKind::Sum | ReduceKind::Mean => (0, false),
+                _ => (1, true),
+            },
+            Rule::Matmul => (all, false),
+            Rule::Softmax { .. } => (0, true),
+            Rule::Clip { .. } => (1, false),
+            Rule::Where => (1, false),
+            Rule::Reshape
+            | Rule::Permute(_)
+            | Rule::BroadcastTo
+            | Rule::Get(_)
+            | Rule::Concat { .. }
+            | Rule::ToDType => (0, false),
+        }
+    }
+}
+
+/// A scalar operand as f64.
+pub(crate) fn scalar_f64(s: ScalarValue) -> f64 {
+    match s {
+        ScalarValue::Float(v) => v,
+        ScalarValue::Int(v) => v as f64,
+    }
+}
+
+/// One recorded op.
+pub(crate) struct Node {
+    pub rule: Rule,
+    pub inputs: SmallVec<[Id; 3]>,
+    pub shapes: SmallVec<[Shape; 3]>,
+    /// Bit `i`: input `i` needs a gradient (it is tracked).
+    pub needs: u8,
+    pub output: Id,
+    /// Arrays this node holds (released when the tape is dropped).
+    held: SmallVec<[Id; 3]>,
+}
+
+/// A fast hasher for ids (already well-mixed generational indices).
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (self.0.rotate_left(32) ^ v as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+pub(crate) type IdMap<V> = HashMap<Id, V, BuildHasherDefault<IdHasher>>;
+pub(crate) type IdSet = HashSet<Id, BuildHasherDefault<IdHasher>>;
+
+/// This thread's recording.
+#[derive(Default)]
+struct Tape {
+    nodes: Vec<Node>,
+    /// Outputs of the nodes.
+    tracked: IdSet,
+}
+
+impl Tape {
+    /// Drop every hold (one engine lock) and forget the nodes.
+    fn clear(&mut self) {
+        if self.nodes.is_empty() {
+            return;
+        }
+        let mut g = engine::lock();
+        for n in self.nodes.drain(..) {
+            for id in n.held {
+                g.unhold(id);
+            }
+        }
+        drop(g);
+        self.tracked.clear();
+    }
+}
+
+thread_local! {
+    /// Whether a collector records on this thread (and is not paused by backward).
+    static RECORDING: Cell<bool> = const { Cell::new(false) };
+    /// Whether a collector is alive on this thread.
+    static COLLECTING: Cell<bool> = const { Cell::new(false) };
+    static TAPE: RefCell<Tape> = RefCell::new(Tape::default());
+}
+
+/// Every array that requires a gradient (dead ones are pruned when a collector starts).
+static PARAMS: Mutex<Vec<Id>> = Mutex::new(Vec::new());
+
+/// Record op `rule` with `inputs` and result `output` on this thread's tape, if a
+/// collector is recording and an input is tracked. One thread-local read otherwise.
+#[inline]
+pub(crate) fn record(inputs: &[Id], output: Id, rule: impl FnOnce() -> Rule) {
+    if RECORDING.with(Cell::get) {
+        record_slow(inputs, output, rule());
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn record_slow(inputs: &[Id], output: Id, rule: Rule) {
+    TAPE.with(|t| {
+        let mut t = t.borrow_mut();
+        let mut g = engine::lock();
+        let mut needs = 0u8;
+        for (i, id) in inputs.iter().enumerate() {
+            if t.tracked.contains(id) || g.is_param(*id) {
+                needs |= 1 << i;
+            }
+        }
+        if needs == 0 {
+            return;
+        }
+        match g.array(output) {
+            Ok(r) if r.dtype.is_float() => {}
+            _ => return, // integer/bool results carry no gradient
+        }
+        let mut shapes = SmallVec::new();
+        for &id in inputs {
+            match g.array(id) {
+                Ok(r) => shapes.push(r.layout.shape.clone()),
+                Err(_) => return,
+            }
+        }
+        let (mask, out) = rule.saves(inputs.len());
+        let mut held = SmallVec::new();
+        for (i, &id) in inputs.iter().enumerate() {
+            if mask & (1 << i) != 0 && g.hold(id).is_ok() {
+                held.push(id);
+            }
+        }
+        if out && g.hold(output).is_ok() {
+            held.push(output);
+        }
+        drop(g);
+        t.tracked.insert(output);
+        t.nodes.push(Node {
+            rule,
+            inputs: inputs.iter().copied().collect(),
+            shapes,
+            needs,
+            output,
+            held,
+        });
+    });
+}
+
+/// Error if an in-place write to `id` would invalidate the recording tape.
+pub(crate) fn check_inplace(op: &'static str, id: Id) -> Result<()> {
+    if !RECORDING.with(Cell::get) {
+        return Ok(());
+    }
+    let depends = TAPE.with(|t| {
+        let t = t.borrow();
+        !t.nodes.is_empty() && (t.tracked.contains(&id) || engine::lock().is_param(id))
+    });
+    if depends {
+        return Err(NdError::invalid(
+            op,
+            "in-place update of an array the gradient tape depends on (a parameter or a \
+             recorded result) while a GradientCollector is recording; update after \
+             backward() or after the collector is dropped",
+        ));
+    }
+    Ok(())
+}
+
+/// Set every element of `id` to zero in place.
+fn zero_fill(id: Id) -> Result<()> {
+    engine::run_inplace(id, &[], |mut t, _| {
+        dispatch!(t.dtype, T => kernels::assign_unary::<T>(&mut t, |_| <T as crate::dtype::Native>::ZERO));
+        Ok(())
+    })
+}
+
+/// Records differentiable ops on this thread while alive; see the [module docs](self).
+///
+/// Only one collector may be alive per thread. Dropping it (with or without calling
+/// [`GradientCollector::backward`]) releases everything its tape held.
+pub struct GradientCollector {
+    _not_send: PhantomData<*const ()>,
+}
+
+impl GradientCollector {
+    /// Start recording on this thread, zeroing the gradient of every array that
+    /// requires one. Panics if a collector is already alive on this thread.
+    #[allow(clippy::new_without_default)]
+    #[track_caller]
+    pub fn new() -> GradientCollector {
+        unwrap(Self::try_new(false))
+    }
+
+    /// Start recording without zeroing gradients: `backward` adds to them (PyTorch's
+    /// behaviour, for gradient accumulation over several batches). Panics if a collector
+    /// is already alive on this thread.
+    #[track_caller]
+    pub fn accumulating() -> GradientCollector {
+        unwrap(Self::try_new(true))
+    }
+
+    /// [`GradientCollector::new`] (`accumulate == false`) or
+    /// [`GradientCollector::accumulating`]; `InvalidArgument` if a collector is already
+    /// alive on this thread.
+    pub fn try_new(accumulate: bool) -> Result<GradientCollector> {
+        if COLLECTING.with(Cell::get) {
+            return Err(NdError::invalid(
+                "GradientCollector::new",
+                "a GradientCollector is already recording on this thread",
+            ));
+        }
+        if !accumulate {
+            zero_gradients()?;
+        }
+        COLLECTING.with(|c| c.set(true));
+        RECORDING.with(|c| c.set(true));
+        Ok(GradientCollector {
+            _not_send: PhantomData,
+        })
+    }
+
+    /// Number of ops on the tape now.
+    pub fn tape_len(&self) -> usize {
+        TAPE.with(|t| t.borrow().nodes.len())
+    }
+
+    /// Compute the gradient of `loss` (summed first if it is not a scalar) with respect
+    /// to every array that requires a gradient and was used to compute it, adding it
+    /// into their [`NDArray::gradient`] arrays. Consumes the tape: the intermediates it
+    /// held are released when this returns, and a second `backward` needs a new
+    /// forward pass.
+    ///
+    /// Errors: `InvalidArgument` if `loss` was not computed from an array requiring a
+    /// gradient under this collector, `Closed` if an array the tape needs was closed
+    /// explicitly or by its manager.
+    pub fn backward(&self, loss: NDArray) -> Result<()> {
+        let tape = TAPE.with(|t| std::mem::take(&mut *t.borrow_mut()));
+        RECORDING.with(|c| c.set(false));
+        let result = {
+            let scope = NDScope::new();
+            let r = backward::run(&tape.nodes, &tape.tracked, loss);
+            drop(scope);
+            r
+        };
+        RECORDING.with(|c| c.set(true));
+        let mut tape = tape;
+        tape.clear();
+        result
+    }
+}
+
+impl Drop for GradientCollector {
+    fn drop(&mut self) {
+        RECORDING.with(|c| c.set(false));
+        COLLECTING.with(|c| c.set(false));
+        TAPE.with(|t| t.borrow_mut().clear());
+    }
+}
+
+impl std::fmt::Debug for GradientCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GradientCollector({} ops recorded)", self.tape_len())
+    }
+}
+
+/// Zero the gradients of all live parameters, pruning dead ones from the list.
+fn zero_gradients() -> Result<()> {
+    let mut params = PARAMS.lock();
+    let mut grads = SmallVec::<[Id; 16]>::new();
+    {
+        let g = engine::lock();
+        params.retain(|&p| match g.grad(p) {
+            Ok(Some(gr)) => {
+                grads.push(gr);
+                true
+            }
+            _ => false,
+        });
+    }
+    drop(params);
+    for gr in grads {
+        // A gradient closed by hand is skipped; `gradient()` reports it.
+        let _ = zero_fill(gr);
+    }
+    Ok(())
+}
+
+impl NDArray {
+    /// Mark this array as a parameter (`true`): its gradient array is created now (zeros
+    /// of its shape and dtype, owned by its manager, in no scope) and is filled by
+    /// [`GradientCollector::backward`]. `false` frees the gradient. Only float arrays
+    /// can require a gradient. Panics on failure.
+    #[track_caller]
+    pub fn set_requires_gradient(self, requires: bool) -> NDArray {
+        unwrap(self.try_set_requires_gradient(requires))
+    }
+
+    /// [`NDArray::set_requires_gradient`]. Errors: `Closed`, `UnsupportedDType` (not a
+    /// float array), `ManagerClosed`/`ManagerCapped` (the gradient cannot be created).
+    #[track_caller]
+    pub fn try_set_requires_gradient(self, requires: bool) -> Result<NDArray> {
+        let current = engine::lock().grad(self.id)?;
+        match (requires, current) {
+            (true, None) => {
+                let (shape, dtype) = (self.try_shape()?, self.try_dtype()?);
+                if !dtype.is_float() {
+                    return Err(NdError::UnsupportedDType {
+                        op: "set_requires_gradient",
+                        dtype,
+                        array: engine::lock().desc(self.id)?,
+                    });
+                }
+                let grad = self.try_manager()?.try_zeros(shape, dtype)?;
+                grad.keep();
+                engine::lock().set_grad(self.id, Some(grad.id))?;
+                PARAMS.lock().push(self.id);
+            }
+            (false, Some(g)) => {
+                let mut e = engine::lock();
+                e.set_grad(self.id, None)?;
+                e.free_array(
+                    g,
+                    Some(std::panic::Location::caller()),
+                    crate::error::CloseReason::Explicit,
+                );
+                drop(e);
+                PARAMS.lock().retain(|&p| p != self.id);
+            }
+            _ => {}
+        }
+        Ok(self)
+    }
+
+    /// Whether this array requires a gradient (false for a closed array).
+    pub fn requires_gradient(self) -> bool {
+        engine::lock().is_param(self.id)
+    }
+
+    /// The gradient array: the same handle on every call (no array is created), owned
+    /// by this array's manager. Panics if it does not require a gradient.
+    #[track_caller]
+    pub fn gradient(self) -> NDArray {
+        unwrap(self.try_gradient())
+    }
+
+    /// [`NDArray::gradient`]. Errors: `Closed`, `InvalidArgument` (does not require a
+    /// gradient).
+    pub fn try_gradient(self) -> Result<NDArray> {
+        match engine::lock().grad(self.id)? {
+            Some(id) => Ok(NDArray { id }),
+            None => Err(NdError::invalid(
+                "gradient",
+                "this array does not require a gradient; call set_requires_gradient(true)",
+            )),
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! GradientCollector: the tape's lifetime inside and around scopes, gradient handles,
+//! zeroing and accumulation.
+
+//!
+//! Collectors zero the gradients of every parameter in the process (as DJL does), so
+//! each test takes a lock to keep parallel tests from zeroing each other's gradients.
+
+use ndscope::{DType, GradientCollector, NDManager, NDScope, NdError};
+use std::sync::{Mutex, MutexGuard};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Live arrays, buffers and bytes of `m` (not peak or allocation counts).
+fn live(m: &NDManager) -> (usize, usize, usize) {
+    let s = m.memory();
+    (s.live_arrays, s.live_buffers, s.live_bytes)
+}
+
+fn vals(a: ndscope::NDArray) -> Vec<f32> {
+    a.to_vec::<f32>().unwrap()
+}
+
+#[test]
+fn simple_gradient() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let w = m.create(&[1.0f32, 2.0], [2, 1]).set_requires_gradient(true);
+    let x = m.create(&[3.0f32, 4.0], [1, 2]);
+    {
+        let gc = GradientCollector::new();
+        gc.backward(x.matmul(w).square().sum())?;
+    }
+    assert_eq!(vals(w.gradient()), vec![66.0, 88.0]);
+    assert!(w.requires_gradient());
+    assert!(!x.requires_gradient());
+    assert!(x.try_gradient().is_err());
+    m.close();
+    Ok(())
+}
+
+#[test]
+fn gradient_is_one_handle_and_creates_nothing() {
+    let _serial = serial();
+    let m = NDManager::new();
+    let w = m.zeros([3], DType::F32).set_requires_gradient(true);
+    let g = w.gradient();
+    assert_eq!(g.manager(), m);
+    let before = m.memory();
+    for _ in 0..100_000 {
+        assert_eq!(w.gradient(), g);
+    }
+    assert_eq!(m.memory(), before);
+    assert_eq!(m.memory().live_arrays, 2); // w and its gradient
+    m.close();
+    assert!(g.is_closed());
+}
+
+#[test]
+fn non_scalar_loss_is_summed() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let w = m
+        .create(&[1.0f32, 2.0, 3.0], [3])
+        .set_requires_gradient(true);
+    {
+        let gc = GradientCollector::new();
+        gc.backward(w * w)?; // d sum(w^2) = 2w
+    }
+    assert_eq!(vals(w.gradient()), vec![2.0, 4.0, 6.0]);
+    m.close();
+    Ok(())
+}
+
+#[test]
+fn zeroed_by_new_collector_accumulated_by_accumulating() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let w = m.create(&[1.0f32, 2.0], [2]).set_requires_gradient(true);
+    for _ in 0..3 {
+        let gc = GradientCollector::new();
+        gc.backward((w * 3.0).sum())?;
+    }
+    assert_eq!(vals(w.gradient()), vec![3.0, 3.0]);
+    {
+        let _gc = GradientCollector::new(); // zeroes at start, even without backward
+        assert_eq!(vals(w.gradient()), vec![0.0, 0.0]);
+    }
+    for _ in 0..3 {
+        let gc = GradientCollector::accumulating();
+        gc.backward((w * 3.0).sum())?;
+    }
+    assert_eq!(vals(w.gradient()), vec![9.0, 9.0]);
+    m.close();
+    Ok(())
+}
+
+#[test]
+fn one_collector_per_thread() {
+    let _serial = serial();
+    let _gc = GradientCollector::new();
+    assert!(GradientCollector::try_new(false).is_err());
+}
+
+#[test]
+fn scope_closed_between_forward_and_backward() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let w = m.create(&[0.5f32, -1.0], [2]).set_requires_gradient(true);
+    let x = m.create(&[2.0f32, 3.0], [2]);
+    let baseline = live(&m);
+    {
+        let gc = GradientCollector::new();
+        let loss = {
+            let _s = NDScope::new();
+            let h = (x * w).exp(); // exp's output and mul's inputs are held by the tape
+            let l = h.sum();
+            l.retain(); // the user keeps the loss past the scope
+            l
+        };
+        // The scope closed: its intermediates are still live, held by the tape.
+        assert!(m.memory().live_arrays > baseline.0 + 1);
+        gc.backward(loss)?;
+        // backward released the tape: only the loss (retained) is left.
+        assert_eq!(m.memory().live_arrays, baseline.0 + 1);
+        assert!(loss.release());
+    }
+    assert_eq!(live(&m), baseline);
+    // d/dw sum(exp(x w)) = x exp(x w)
+    let g = vals(w.gradient());
+    let expect = [2.0 * (1.0f32).exp(), 3.0 * (-3.0f32).exp()];
+    for (a, b) in g.iter().zip(expect) {
+        assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+    }
+    m.close();
+    Ok(())
+}
+
+#[test]
+fn collector_dropped_without_backward() {
+    let _serial = serial();
+    let m = NDManager::new();
+    let w = m.create(&[0.5f32, -1.0], [2]).set_requires_gradient(true);
+    let baseline = live(&m);
+    {
+        let gc = GradientCollector::new();
+        {
+            let _s = NDScope::new();
+            let _ = (w * 2.0).tanh().sigmoid().sum();
+        }
+        assert!(gc.tape_len() >= 3);
+        assert!(m.memory().live_arrays > baseline.0);
+    }
+    assert_eq!(live(&m), baseline);
+    m.close();
+}
+
+#[test]
+fn collector_inside_scope_and_scope_inside_collector() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let w = m.create(&[1.0f32, 2.0], [2]).set_requires_gradient(true);
+    let baseline = live(&m);
+    for _ in 0..10 {
+        let _s = NDScope::new();
+        let gc = GradientCollector::new();
+        let l = ndscope::scope(|| (w * w * 0.5).sum()); // escapes into _s
+        gc.backward(l)?;
+    }
+    assert_eq!(live(&m), baseline);
+    assert_eq!(vals(w.gradient()), vec![1.0, 2.0]);
+    // The loss escaped out of every scope is not freed by the tape.
+    let l = {
+        let gc = GradientCollector::new();
+        let l = ndscope::scope(|| (w.square()).sum());
+        gc.backward(l)?;
+        l
+    };
+    assert!(!l.is_closed());
+    l.close();
+    assert_eq!(live(&m), baseline);
+    m.close();
+    Ok(())
+}
+
+#[test]
+fn unscoped_params_and_data_survive_the_tape() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let w = m.create(&[1.0f32, 2.0], [2]).set_requires_gradient(true);
+    let x = m.create(&[1.0f32, 1.0], [2]);
+    {
+        let gc = GradientCollector::new();
+        gc.backward((x * w).sum())?;
+    }
+    assert!(!w.is_closed() && !x.is_closed());
+    assert_eq!(w.ref_count(), 0);
+    m.close();
+    Ok(())
+}
+
+#[test]
+fn inplace_on_recorded_param_is_an_error() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let w = m.create(&[1.0f32, 2.0], [2]).set_requires_gradient(true);
+    let gc = GradientCollector::new();
+    let l = (w * 2.0).sum();
+    assert!(w.try_subi(1.0).is_err());
+    gc.backward(l)?;
+    w.try_subi(w.gradient())?; // the tape is empty again: allowed
+    drop(gc);
+    assert_eq!(vals(w), vec![-1.0, 0.0]);
+    m.close();
+    Ok(())
+}
+
+#[test]
+fn backward_of_untracked_loss_is_an_error() {
+    let _serial = serial();
+    let m = NDManager::new();
+    let x = m.create(&[1.0f32, 2.0], [2]);
+    let gc = GradientCollector::new();
+    let err = gc.backward(x.sum()).unwrap_err();
+    assert!(err.to_string().contains("requires a gradient"), "{err}");
+    m.close();
+}
+
+#[test]
+fn gradient_dies_with_its_parameter() {
+    let _serial = serial();
+    let m = NDManager::new();
+    let baseline = live(&m);
+    let g = {
+        let _s = NDScope::new();
+        let w = m.zeros([4], DType::F32).set_requires_gradient(true);
+        w.gradient()
+    };
+    assert!(g.is_closed());
+    assert_eq!(live(&m), baseline);
+    let w = m.zeros([4], DType::F32).set_requires_gradient(true);
+    let g = w.gradient();
+    w.set_requires_gradient(false);
+    assert!(g.is_closed() && !w.requires_gradient());
+    m.close();
+}

@@ -1,0 +1,259 @@
+//! Gradients of every differentiable op against central finite differences, in f64.
+//!
+//! Collectors zero the gradients of every parameter in the process (as DJL does), so
+//! the checks take a lock to keep parallel tests from zeroing each other's gradients.
+
+use ndscope::{DType, GradientCollector, NDArray, NDManager};
+use proptest::prelude::*;
+use std::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Deterministic values in `[lo, hi)`.
+fn values(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            lo + (hi - lo) * ((s >> 11) as f64 / (1u64 << 53) as f64)
+        })
+        .collect()
+}
+
+/// Check the gradient of `sum(f(inputs) * r)` (r random) for inputs of `shapes` with
+/// values in `[lo, hi)`.
+fn check(shapes: &[&[usize]], lo: f64, hi: f64, f: impl Fn(&[NDArray]) -> NDArray) {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let m = NDManager::new();
+    let data: Vec<Vec<f64>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| values(s.iter().product(), 7 + i as u64, lo, hi))
+        .collect();
+    let make = |d: &[Vec<f64>]| -> Vec<NDArray> {
+        d.iter()
+            .zip(shapes)
+            .map(|(v, s)| m.create(v, s.to_vec()))
+            .collect()
+    };
+    let inputs = make(&data);
+    for a in &inputs {
+        a.set_requires_gradient(true);
+    }
+    let out_shape = f(&inputs).shape();
+    let r = m.create(&values(out_shape.size(), 99, -1.0, 1.0), out_shape);
+    {
+        let gc = GradientCollector::new();
+        let loss = (f(&inputs) * r).sum();
+        gc.backward(loss).unwrap();
+    }
+    let eps = 1e-6;
+    for (i, a) in inputs.iter().enumerate() {
+        let analytic = a.gradient().to_vec::<f64>().unwrap();
+        assert_eq!(analytic.len(), data[i].len());
+        for j in 0..data[i].len() {
+            let eval = |delta: f64| {
+                let mut d = data.clone();
+                d[i][j] += delta;
+                let xs = make(&d);
+                (f(&xs) * r).sum().to_scalar::<f64>().unwrap()
+            };
+            let numeric = (eval(eps) - eval(-eps)) / (2.0 * eps);
+            let tol = 1e-5 * (1.0 + numeric.abs());
+            assert!(
+                (analytic[j] - numeric).abs() < tol,
+                "input {i} {:?} element {j}: analytic {} numeric {numeric}",
+                shapes[i],
+                analytic[j]
+            );
+        }
+    }
+    m.close();
+}
+
+#[test]
+fn binary_ops_with_broadcasting() {
+    let pairs: [(&[usize], &[usize]); 4] = [
+        (&[2, 3], &[2, 3]),
+        (&[2, 3], &[3]),
+        (&[2, 1], &[1, 3]),
+        (&[], &[2, 2]),
+    ];
+    for (a, b) in pairs {
+        check(&[a, b], -2.0, 2.0, |x| x[0] + x[1]);
+        check(&[a, b], -2.0, 2.0, |x| x[0] - x[1]);
+        check(&[a, b], -2.0, 2.0, |x| x[0] * x[1]);
+        check(&[a, b], 0.5, 2.0, |x| x[0] / x[1]);
+        check(&[a, b], 0.5, 2.0, |x| x[0].pow(x[1]));
+        check(&[a, b], -2.0, 2.0, |x| x[0].maximum(x[1]));
+        check(&[a, b], -2.0, 2.0, |x| x[0].minimum(x[1]));
+    }
+}
+
+#[test]
+fn scalar_ops() {
+    let s: &[&[usize]] = &[&[2, 3]];
+    check(s, -2.0, 2.0, |x| x[0] + 1.5);
+    check(s, -2.0, 2.0, |x| x[0] - 1.5);
+    check(s, -2.0, 2.0, |x| 1.5 - x[0]);
+    check(s, -2.0, 2.0, |x| x[0] * 1.5);
+    check(s, -2.0, 2.0, |x| 1.5 * x[0]);
+    check(s, -2.0, 2.0, |x| x[0] / 1.5);
+    check(s, 0.5, 2.0, |x| 1.5 / x[0]);
+    check(s, 0.5, 2.0, |x| x[0].pow(2.5));
+    check(s, -2.0, 2.0, |x| x[0].pow(3));
+    check(s, -2.0, 2.0, |x| x[0].maximum(0.3));
+    check(s, -2.0, 2.0, |x| x[0].minimum(0.3));
+    check(s, -2.0, 2.0, |x| -x[0]);
+}
+
+#[test]
+fn scalar_left_pow() {
+    // s ** x has no operator; `pow` on a 0-d array covers it through broadcasting.
+    check(&[&[3]], -1.0, 1.0, |x| {
+        let base = x[0].manager().full([], 1.7, DType::F64);
+        base.pow(x[0])
+    });
+}
+
+#[test]
+fn unary_ops() {
+    let s: &[&[usize]] = &[&[3, 2]];
+    check(s, -2.0, 2.0, |x| x[0].abs());
+    check(s, -2.0, 2.0, |x| x[0].square());
+    check(s, -2.0, 2.0, |x| x[0].relu());
+    check(s, -2.0, 2.0, |x| x[0].exp());
+    check(s, 0.5, 3.0, |x| x[0].log());
+    check(s, 0.5, 3.0, |x| x[0].sqrt());
+    check(s, -2.0, 2.0, |x| x[0].sin());
+    check(s, -2.0, 2.0, |x| x[0].cos());
+    check(s, -2.0, 2.0, |x| x[0].tanh());
+    check(s, -2.0, 2.0, |x| x[0].sigmoid());
+}
+
+#[test]
+fn reductions() {
+    let s: &[&[usize]] = &[&[2, 3, 4]];
+    check(s, -2.0, 2.0, |x| x[0].sum());
+    check(s, -2.0, 2.0, |x| x[0].sum_axes(&[1], false));
+    check(s, -2.0, 2.0, |x| x[0].sum_axes(&[0, -1], true));
+    check(s, -2.0, 2.0, |x| x[0].mean());
+    check(s, -2.0, 2.0, |x| x[0].mean_axes(&[2], false));
+    check(s, -2.0, 2.0, |x| x[0].max());
+    check(s, -2.0, 2.0, |x| x[0].max_axes(&[1], false));
+    check(s, -2.0, 2.0, |x| x[0].min_axes(&[0, 2], true));
+    check(s, -2.0, 2.0, |x| x[0].min());
+}
+
+#[test]
+fn matmul_all_ranks() {
+    let cases: [(&[usize], &[usize]); 7] = [
+        (&[2, 3], &[3, 4]),
+        (&[3], &[3, 4]),
+        (&[2, 3], &[3]),
+        (&[3], &[3]),
+        (&[2, 2, 3], &[3, 4]),
+        (&[2, 1, 2, 3], &[3, 3, 2]),
+        (&[4], &[2, 4, 3]),
+    ];
+    for (a, b) in cases {
+        check(&[a, b], -1.0, 1.0, |x| x[0].matmul(x[1]));
+    }
+    check(&[&[3, 2], &[3, 4]], -1.0, 1.0, |x| {
+        x[0].transpose().matmul(x[1])
+    });
+    check(&[&[2], &[2]], -1.0, 1.0, |x| x[0].dot(x[1]));
+}
+
+#[test]
+fn shape_ops() {
+    let s: &[&[usize]] = &[&[2, 3, 4]];
+    check(s, -1.0, 1.0, |x| x[0].reshape([6, 4]));
+    check(s, -1.0, 1.0, |x| x[0].reshape_infer(&[4, -1]));
+    check(s, -1.0, 1.0, |x| x[0].flatten());
+    check(s, -1.0, 1.0, |x| x[0].transpose());
+    check(s, -1.0, 1.0, |x| x[0].permute(&[1, 2, 0]));
+    check(s, -1.0, 1.0, |x| x[0].transpose().reshape([24]));
+    check(s, -1.0, 1.0, |x| x[0].expand_dims(1));
+    check(&[&[2, 1, 3]], -1.0, 1.0, |x| x[0].squeeze());
+    check(&[&[2, 1, 3]], -1.0, 1.0, |x| x[0].squeeze_axis(1));
+    check(&[&[3, 1]], -1.0, 1.0, |x| x[0].broadcast_to([2, 3, 4]));
+    check(s, -1.0, 1.0, |x| x[0].get("1, ::2, 1:3"));
+    check(s, -1.0, 1.0, |x| x[0].get("..., ::-1"));
+    check(&[&[2, 3], &[2, 2]], -1.0, 1.0, |x| {
+        NDArray::concat(&[x[0], x[1]], 1)
+    });
+    check(&[&[2, 3], &[2, 3]], -1.0, 1.0, |x| {
+        NDArray::stack(&[x[0], x[1]], 1)
+    });
+    check(&[&[2, 3]], -1.0, 1.0, |x| x[0].to_dtype(DType::F64));
+}
+
+#[test]
+fn nn_ops() {
+    let s: &[&[usize]] = &[&[3, 4]];
+    check(s, -2.0, 2.0, |x| x[0].softmax(-1));
+    check(s, -2.0, 2.0, |x| x[0].softmax(0));
+    check(s, -2.0, 2.0, |x| x[0].log_softmax(1));
+    check(s, -2.0, 2.0, |x| x[0].clip(-0.7, 0.9));
+    check(&[&[2, 3], &[3]], -2.0, 2.0, |x| {
+        x[0].gt(0.0).where_(x[0], x[1])
+    });
+    check(&[&[2, 3], &[1]], -2.0, 2.0, |x| {
+        x[0].lt(0.0).where_(x[1], x[0] * 2.0)
+    });
+}
+
+#[test]
+fn composite_with_reuse() {
+    // An input used by several ops accumulates their gradients.
+    check(&[&[2, 3], &[3]], -1.0, 1.0, |x| {
+        let h = (x[0] * x[1] + x[0]).tanh();
+        (h * x[0]).sum_axes(&[1], true) + h.mean() * x[1]
+    });
+}
+
+fn broadcast_pair() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
+    prop::collection::vec((1usize..4, 0u8..3), 0..4).prop_map(|dims| {
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for (n, kind) in dims {
+            match kind {
+                0 => {
+                    a.push(n);
+                    b.push(n);
+                }
+                1 => {
+                    a.push(1);
+                    b.push(n);
+                }
+                _ => {
+                    a.push(n);
+                    b.push(1);
+                }
+            }
+        }
+        // Drop some leading dims of b (numpy's rank broadcasting).
+        let k = b.len() / 2;
+        (a, b[k..].to_vec())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn random_broadcast_shapes((a, b) in broadcast_pair(), op in 0usize..5) {
+        check(&[&a, &b], 0.5, 2.0, |x| match op {
+            0 => x[0] + x[1],
+            1 => x[0] - x[1] * x[0],
+            2 => x[0] * x[1],
+            3 => x[0] / x[1],
+            _ => (x[0] * x[1]).exp().log() + x[1].square(),
+        });
+    }
+}
