@@ -179,21 +179,52 @@ fn plot(path: &str, reports: &[Report]) -> Result<(), Box<dyn std::error::Error>
         .max()
         .unwrap_or(1) as f64
         / (1024.0 * 1024.0);
-    // No text: the backend is built without a font engine (see the README).
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        epaint_default_fonts::HACK_REGULAR,
+    )
+    .map_err(|_| "the bundled font could not be loaded")?;
     let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "live bytes after each epoch (linear regression, autograd)",
+            ("sans-serif", 20),
+        )
         .margin(20)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
         .build_cartesian_2d(1f64..epochs.max(2) as f64, 0f64..max * 1.05 + 1e-6)?;
-    chart.configure_mesh().disable_mesh().draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("epoch")
+        .y_desc("live MiB")
+        .label_style(("sans-serif", 14))
+        .draw()?;
     for r in reports {
         let color = if r.name == "ndscope" { GREEN } else { RED };
-        chart.draw_series(LineSeries::new(
-            r.live_bytes
-                .iter()
-                .enumerate()
-                .map(|(i, &b)| ((i + 1) as f64, b as f64 / (1024.0 * 1024.0))),
-            color.stroke_width(3),
-        ))?;
+        let label = if r.name == "ndscope" {
+            "with NDScope per epoch"
+        } else {
+            "no scope (intermediates pile up)"
+        };
+        chart
+            .draw_series(LineSeries::new(
+                r.live_bytes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &b)| ((i + 1) as f64, b as f64 / (1024.0 * 1024.0))),
+                color.stroke_width(3),
+            ))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(3)));
     }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()?;
     root.present()?;
     Ok(())
 }
