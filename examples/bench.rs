@@ -66,6 +66,38 @@ fn main() {
         0.0
     };
 
+    // The same op with 1,000,000 arrays live in another manager: must cost the same.
+    let add10_1m_live_ns = if run("add10_1M_live") {
+        let other = NDManager::new();
+        for _ in 0..1_000_000 {
+            other.zeros([1], DType::F32);
+        }
+        let t = median_ns(r, 200_000, op_then_close(|| a + b));
+        other.close();
+        t
+    } else {
+        0.0
+    };
+
+    // Scope overhead: 1000 small arrays created in a scope and freed by its close,
+    // against the same arrays created and closed one by one.
+    let (scoped_ns, unscoped_ns) = if run("scope") {
+        let scoped = median_ns(r, 200, || {
+            let _s = ndscope::NDScope::new();
+            for _ in 0..1000 {
+                m.zeros([4], DType::F32);
+            }
+        }) / 1000.0;
+        let unscoped = median_ns(r, 200, || {
+            for _ in 0..1000 {
+                m.zeros([4], DType::F32).close();
+            }
+        }) / 1000.0;
+        (scoped, unscoped)
+    } else {
+        (0.0, 0.0)
+    };
+
     let x = m.random_uniform(0.0, 1.0, [1000, 2], DType::F32);
     let w = m.random_uniform(0.0, 1.0, [2, 1], DType::F32);
     let matmul_small_us = if run("matmul_small") {
@@ -108,6 +140,8 @@ fn main() {
     if json {
         println!(
             "{{\"impl\":\"ndscope\",\"threads\":{threads},\"add10_ns\":{add10_ns:.1},\
+             \"add10_1M_live_ns\":{add10_1m_live_ns:.1},\"scope_array_ns\":{scoped_ns:.1},\
+             \"no_scope_array_ns\":{unscoped_ns:.1},\
              \"matmul_1000x2x1_us\":{matmul_small_us:.3},\"add16M_ms\":{add16m_ms:.3},\
              \"add16M_GBps\":{add16m_gbps:.2},\"matmul2048_ms\":{matmul2048_ms:.2},\
              \"matmul2048_GFLOPs\":{gflops:.1},\"sum16M_ms\":{sum16m_ms:.3},\
@@ -116,6 +150,8 @@ fn main() {
     } else {
         println!("threads                 {threads}");
         println!("add10                   {add10_ns:.1} ns");
+        println!("add10, 1M arrays live    {add10_1m_live_ns:.1} ns");
+        println!("array in scope / closed {scoped_ns:.1} / {unscoped_ns:.1} ns");
         println!("matmul [1000,2]x[2,1]   {matmul_small_us:.3} us");
         println!("add 16M f32             {add16m_ms:.3} ms ({add16m_gbps:.2} GB/s)");
         println!("matmul 2048^3 f32       {matmul2048_ms:.2} ms ({gflops:.1} GFLOP/s)");

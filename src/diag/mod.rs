@@ -165,14 +165,14 @@ pub fn cache_stats() -> CacheStats {
 
 /// Return the cached blocks of the shared pool and of the calling thread to the system
 /// (like `torch.cuda.empty_cache()`). Live arrays are not affected. Other threads keep
-/// their small per-thread caches (a few hundred KiB at most) until they exit.
+/// their small per-thread caches (under 1 MiB each) until they exit.
 pub fn empty_cache() {
     engine::storage::pool::empty();
 }
 
 /// Cap the bytes the shared pool keeps for reuse (default 1 GiB); blocks freed beyond
 /// the cap go back to the system, and the pool is trimmed now if it is over. `0` turns
-/// caching off entirely. Each thread may keep up to 256 KiB of small blocks besides.
+/// caching off entirely. Each thread may keep under 1 MiB of small blocks besides.
 pub fn set_cache_limit(bytes: usize) {
     engine::storage::pool::set_limit(bytes);
 }

@@ -9,13 +9,13 @@
 //!
 //! Two levels, so the small-op path takes no lock:
 //! * a **thread-local** cache of small blocks (up to [`LOCAL_MAX_BLOCK`] bytes, at most
-//!   [`LOCAL_PER_CLASS`] per class), touched only by its thread;
+//!   [`LOCAL_CLASS_BYTES`] per class, under 1 MiB in all), touched only by its thread;
 //! * a **shared** pool behind its own small mutex (never the engine lock: buffers may be
 //!   dropped while the engine lock is held, or outside it by a large op's snapshot).
 //!
 //! Cached bytes are counted apart from live bytes ([`cached_bytes`]); the shared pool
 //! stays under [`set_limit`] (blocks freed beyond it go back to the system) and each
-//! thread's local cache holds at most 256 KiB (`LOCAL_PER_CLASS` blocks per class),
+//! thread's local cache holds under 1 MiB,
 //! unless the limit is 0, which turns caching off. A thread's local blocks move to the
 //! shared pool when the thread exits. Blocks are zeroed when first allocated, so every
 //! block is initialised; reused ones hold old values.
@@ -39,8 +39,9 @@ pub(crate) const FRESH: u32 = 1 << 31;
 const CLASSES: usize = 1 + 58 * 4;
 /// Largest block kept in thread-local caches.
 pub(crate) const LOCAL_MAX_BLOCK: usize = 4 * 1024;
-/// Blocks kept per class in a thread-local cache.
-pub(crate) const LOCAL_PER_CLASS: usize = 8;
+/// Bytes kept per class in a thread-local cache (at least one block): 512 blocks of
+/// 64 bytes, so a scope of several hundred small arrays recycles them all locally.
+pub(crate) const LOCAL_CLASS_BYTES: usize = 32 * 1024;
 /// Classes small enough for the local caches (`class_size(i) <= LOCAL_MAX_BLOCK`).
 const LOCAL_CLASSES: usize = 1 + (11 - 6) * 4 + 4;
 const _: () = assert!(class_size(LOCAL_CLASSES as u32 - 1) == LOCAL_MAX_BLOCK);
@@ -235,11 +236,12 @@ pub(crate) fn give(class: u32, ptr: NonNull<u8>) {
             let Ok(mut l) = l.try_borrow_mut() else {
                 return false;
             };
-            if l.free[c].len() >= LOCAL_PER_CLASS {
+            let per_class = (LOCAL_CLASS_BYTES / size).max(1);
+            if l.free[c].len() >= per_class {
                 return false;
             }
             if l.free[c].capacity() == 0 {
-                l.free[c].reserve_exact(LOCAL_PER_CLASS);
+                l.free[c].reserve_exact(per_class);
             }
             l.free[c].push(addr);
             l.bytes += size;
