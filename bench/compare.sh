@@ -17,7 +17,8 @@ import json, sys
 nd, np = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 print(f"{'workload':22} {'ndscope':>10} {'numpy':>10} {'numpy/ndscope':>14}")
 for key, lower_better in [("add10_ns", True), ("matmul_1000x2x1_us", True), ("add16M_ms", True),
-                          ("matmul2048_GFLOPs", False), ("sum16M_ms", True)]:
+                          ("matmul2048_GFLOPs", False), ("sum16M_ms", True),
+                          ("linreg_step_us", True)]:
     a, b = nd[key], np[key]
     ratio = b / a if lower_better else a / b
     print(f"{key:22} {a:>10} {b:>10} {ratio:>13.2f}x")

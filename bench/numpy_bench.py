@@ -30,6 +30,17 @@ def main():
     x = rng.random((1000, 2), dtype=np.float32)
     w = rng.random((2, 1), dtype=np.float32)
     mm_small = median_ns(r, 20_000, lambda: x @ w) / 1e3
+    xs = rng.standard_normal((64, 2), dtype=np.float32)
+    ys = rng.standard_normal((64, 1), dtype=np.float32)
+    wl = np.zeros((2, 1), dtype=np.float32)
+
+    def linreg():
+        err = xs @ wl - ys
+        (err * err).mean()
+        grad = xs.T @ err * np.float32(2.0 / 64.0)
+        wl.__isub__(grad * np.float32(0.01))
+
+    linreg_us = median_ns(r, 20_000, linreg) / 1e3
     n = 1 << 24
     big_a = rng.random(n, dtype=np.float32)
     big_b = rng.random(n, dtype=np.float32)
@@ -55,6 +66,7 @@ def main():
         "matmul2048_ms": round(mm, 2),
         "matmul2048_GFLOPs": round(2 * k**3 / (mm * 1e6), 1),
         "sum16M_ms": round(sum16, 3),
+        "linreg_step_us": round(linreg_us, 3),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }))
 

@@ -106,6 +106,23 @@ fn main() {
         0.0
     };
 
+    // One linear-regression step, gradient written by hand (autograd lands separately):
+    // 9 ops on [64,2] data inside a scope.
+    let linreg_us = if run("linreg") {
+        let xs = m.random_normal(0.0, 1.0, [64, 2], DType::F32);
+        let ys = m.random_normal(0.0, 1.0, [64, 1], DType::F32);
+        let w = m.zeros([2, 1], DType::F32);
+        median_ns(r, 20_000, || {
+            let _s = ndscope::NDScope::new();
+            let err = xs.matmul(w) - ys;
+            black_box(err.square().mean());
+            let grad = xs.transpose().matmul(err) * (2.0 / 64.0);
+            w.try_subi(grad * 0.01).expect("same shape");
+        }) / 1e3
+    } else {
+        0.0
+    };
+
     let n = 1usize << 24;
     let big = run("add16M") || run("sum16M");
     let big_n = if big { n } else { 1 };
@@ -144,7 +161,7 @@ fn main() {
              \"no_scope_array_ns\":{unscoped_ns:.1},\
              \"matmul_1000x2x1_us\":{matmul_small_us:.3},\"add16M_ms\":{add16m_ms:.3},\
              \"add16M_GBps\":{add16m_gbps:.2},\"matmul2048_ms\":{matmul2048_ms:.2},\
-             \"matmul2048_GFLOPs\":{gflops:.1},\"sum16M_ms\":{sum16m_ms:.3},\
+             \"matmul2048_GFLOPs\":{gflops:.1},\"sum16M_ms\":{sum16m_ms:.3},\"linreg_step_us\":{linreg_us:.3},\
              \"peak_rss_mb\":{rss:.1}}}"
         );
     } else {
@@ -156,6 +173,7 @@ fn main() {
         println!("add 16M f32             {add16m_ms:.3} ms ({add16m_gbps:.2} GB/s)");
         println!("matmul 2048^3 f32       {matmul2048_ms:.2} ms ({gflops:.1} GFLOP/s)");
         println!("sum 16M f32             {sum16m_ms:.3} ms");
+        println!("linreg step (manual)    {linreg_us:.3} us");
         println!("peak RSS                {rss:.1} MiB");
     }
     m.close();
