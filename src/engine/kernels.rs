@@ -375,6 +375,19 @@ pub(crate) fn matmul_2d<T: Native>(
         out[..m * n].iter_mut().for_each(|o| *o = T::ZERO);
         return;
     }
+    // Matrix-vector products with a tiny inner dimension over contiguous rows (e.g.
+    // [1000,2] x [2,1]): a fixed-width loop the compiler vectorises beats gemm's setup.
+    if n == 1 && k <= 4 && a.cs == 1 && a.rs == k as isize && a.off >= 0 {
+        let rows = &a.data[a.off as usize..a.off as usize + m * k];
+        let col = |p: usize| b.data[(b.off + p as isize * b.rs) as usize];
+        let out = &mut out[..m];
+        match k {
+            1 => return matvec_small::<T, 1>(rows, [col(0)], out),
+            2 => return matvec_small::<T, 2>(rows, [col(0), col(1)], out),
+            3 => return matvec_small::<T, 3>(rows, [col(0), col(1), col(2)], out),
+            _ => return matvec_small::<T, 4>(rows, [col(0), col(1), col(2), col(3)], out),
+        }
+    }
     let gemm_type = std::any::TypeId::of::<T>();
     if gemm_type == std::any::TypeId::of::<f32>() || gemm_type == std::any::TypeId::of::<f64>() {
         // Check that every element gemm will touch is inside the slices: the lowest and
@@ -435,6 +448,17 @@ pub(crate) fn matmul_2d<T: Native>(
             }
             out[i * n + j] = acc;
         }
+    }
+}
+
+/// `out[i] = rows[i] . col` for rows of constant width `K`.
+fn matvec_small<T: Native, const K: usize>(rows: &[T], col: [T; K], out: &mut [T]) {
+    for (o, r) in out.iter_mut().zip(rows.chunks_exact(K)) {
+        let mut acc = r[0].mul(col[0]);
+        for p in 1..K {
+            acc = acc.add(r[p].mul(col[p]));
+        }
+        *o = acc;
     }
 }
 
