@@ -145,11 +145,12 @@ mod shape;
 pub use array::{NDArray, Rhs};
 pub use autograd::GradientCollector;
 pub use diag::{
-    LeakReport, LeakSite, LeakWarning, LeakWatch, MemoryStats, OpRecord, Profile, assert_no_leaks,
-    check_leaks, config, leak_report, memory, profile, reset_peak,
+    CacheStats, LeakReport, LeakSite, LeakWarning, LeakWatch, MemoryStats, OpRecord, Profile,
+    assert_no_leaks, cache_stats, check_leaks, config, empty_cache, leak_report, memory, profile,
+    reset_peak, set_cache_limit,
 };
 pub use dtype::{DType, Element, Scalar, ScalarValue};
-pub use engine::Resource;
+pub use engine::{CountingAllocator, Resource};
 pub use error::{ArrayDesc, CloseReason, ClosedInfo, NdError, Result, SourceLocation};
 pub use manager::NDManager;
 pub use scope::{Escape, NDList, NDScope, scope};

@@ -11,11 +11,12 @@ use crate::DType;
 use crate::autograd::{self, Rule};
 use crate::dtype::dispatch;
 use crate::engine::layout::{Strides, for_each_row};
-use crate::engine::storage::new_filled;
+use crate::engine::storage::new_overwritten;
 use crate::engine::{self, Operand, Output, kernels};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use crate::shape::{Dims, Shape};
 use rayon::prelude::*;
+use smallvec::SmallVec;
 use std::panic::Location;
 
 /// Work (multiply-adds) above which independent batches run on several threads, and
@@ -125,7 +126,7 @@ fn matmul_impl(x: NDArray, y: NDArray, op: &'static str, at: SourceLocation) -> 
         })?;
         let mn = m * n;
         // Element offsets of each batch's matrices, in row-major batch order.
-        let mut offsets = Vec::with_capacity(batch.size());
+        let mut offsets = SmallVec::<[(isize, isize); 1]>::with_capacity(batch.size());
         let (sa, sb) = (
             batch_strides(va.batch, va.batch_strides, &batch),
             batch_strides(vb.batch, vb.batch_strides, &batch),
@@ -149,7 +150,7 @@ fn matmul_impl(x: NDArray, y: NDArray, op: &'static str, at: SourceLocation) -> 
                 let rhs = kernels::Mat { data: db, off: ob, rs: vb.rs, cs: vb.cs };
                 kernels::matmul_2d(m, n, k, lhs, rhs, out);
             };
-            new_filled::<T>(total, |out| {
+            new_overwritten::<T>(total, |out| {
                 if mn == 0 {
                     return;
                 }
@@ -159,7 +160,7 @@ fn matmul_impl(x: NDArray, y: NDArray, op: &'static str, at: SourceLocation) -> 
                     && per.saturating_mul(offsets.len()) >= PARALLEL_FLOPS
                 {
                     out.par_chunks_mut(mn)
-                        .zip(offsets.par_iter())
+                        .zip(offsets[..].par_iter())
                         .for_each(|(out, &off)| one(off, out));
                 } else {
                     out.chunks_mut(mn)

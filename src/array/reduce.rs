@@ -9,7 +9,7 @@ use super::NDArray;
 use crate::DType;
 use crate::autograd::{self, ReduceKind, Rule};
 use crate::dtype::{Native, dispatch};
-use crate::engine::storage::new_filled;
+use crate::engine::storage::new_overwritten;
 use crate::engine::{self, Buffer, Operand, Output, kernels};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use crate::shape::{Dims, Shape};
@@ -94,7 +94,7 @@ pub(crate) fn reduced_shape(shape: &Shape, axes: &[usize], keep_dims: bool) -> S
 
 /// Copy accumulated values into a fresh buffer.
 fn to_buffer<T: Native>(v: &[T]) -> Result<Buffer> {
-    new_filled::<T>(v.len(), |out| out.copy_from_slice(v))
+    new_overwritten::<T>(v.len(), |out| out.copy_from_slice(v))
 }
 
 /// Fold one strided row with `f`; contiguous rows use 8 independent lanes so the loop
@@ -196,7 +196,7 @@ fn reduction(
             }),
             Red::Mean if dtype.is_float() => dispatch!(dtype, T => {
                 let inv = T::from_f64(count as f64);
-                let v: Vec<T> = kernels::reduce::<T, T>(a, &axes, T::ZERO, |acc, d, s, n, st| {
+                let v: kernels::Accs<T> = kernels::reduce::<T, T>(a, &axes, T::ZERO, |acc, d, s, n, st| {
                     acc.add(kernels::sum_row(d, s, n, st))
                 })
                 .into_iter()
@@ -205,7 +205,7 @@ fn reduction(
                 (to_buffer(&v)?, dtype)
             }),
             Red::Mean => dispatch!(dtype, T => {
-                let v: Vec<f64> = kernels::reduce::<T, f64>(a, &axes, 0.0, |acc, d, s, n, st| {
+                let v: kernels::Accs<f64> = kernels::reduce::<T, f64>(a, &axes, 0.0, |acc, d, s, n, st| {
                     acc + sum_row_f64(d, s, n, st)
                 })
                 .into_iter()
@@ -443,7 +443,7 @@ mod tests {
                 rows_ref.borrow_mut().push((s, n, st));
                 acc + kernels::sum_row(d, s, n, st)
             });
-            assert_eq!(s, vec![276.0]);
+            assert_eq!(s.as_slice(), &[276.0]);
             rows
         })
         .unwrap();

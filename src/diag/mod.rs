@@ -56,7 +56,9 @@ pub struct MemoryStats {
     pub live_bytes: usize,
     /// Highest `live_bytes` since the start or the last [`reset_peak`].
     pub peak_bytes: usize,
-    /// Bytes held by the caching pool for reuse (not live). Always 0 until a pool exists.
+    /// Bytes held by the caching pool for reuse, not counted in `live_bytes`. The pool
+    /// is process-wide and belongs to no manager: [`memory`] reports it, a manager's
+    /// statistics report 0.
     pub cached_bytes: usize,
     /// Buffers allocated so far (monotonic).
     pub allocations: u64,
@@ -109,10 +111,68 @@ pub(crate) fn human_bytes(b: usize) -> String {
 /// Process-wide memory counters (the system manager's subtree: every array).
 pub fn memory() -> MemoryStats {
     let g = engine::lock();
-    MemoryStats::from_stats(g.stats(engine::SYSTEM).expect("system manager is live"))
+    MemoryStats {
+        cached_bytes: engine::storage::pool::cached_bytes(),
+        ..MemoryStats::from_stats(g.stats(engine::SYSTEM).expect("system manager is live"))
+    }
 }
 
 /// Reset every peak to the current live bytes.
 pub fn reset_peak() {
     engine::lock().reset_peak();
+}
+
+/// Statistics of the caching allocator that recycles array buffers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Bytes held by the pool for reuse (the shared pool and every thread's cache).
+    pub cached_bytes: usize,
+    /// The cap on the shared pool's bytes ([`set_cache_limit`]).
+    pub cache_limit: usize,
+    /// Blocks obtained from the system allocator so far (pool misses; monotonic).
+    pub system_allocations: u64,
+    /// Blocks returned to the system allocator so far (monotonic).
+    pub system_frees: u64,
+}
+
+/// The caching allocator's statistics. In a steady loop `system_allocations` stops
+/// growing: every buffer comes from the pool.
+///
+/// ```
+/// let m = ndscope::NDManager::new();
+/// let a = m.zeros([1000], ndscope::DType::F32);
+/// for _ in 0..3 {
+///     let _s = ndscope::NDScope::new();
+///     let _ = a + 1.0;
+/// }
+/// let before = ndscope::cache_stats().system_allocations;
+/// for _ in 0..100 {
+///     let _s = ndscope::NDScope::new();
+///     let _ = a + 1.0;
+/// }
+/// assert_eq!(ndscope::cache_stats().system_allocations, before);
+/// # m.close();
+/// ```
+pub fn cache_stats() -> CacheStats {
+    let (system_allocations, system_frees) = engine::storage::pool::system_counts();
+    CacheStats {
+        cached_bytes: engine::storage::pool::cached_bytes(),
+        cache_limit: engine::storage::pool::limit(),
+        system_allocations,
+        system_frees,
+    }
+}
+
+/// Return the cached blocks of the shared pool and of the calling thread to the system
+/// (like `torch.cuda.empty_cache()`). Live arrays are not affected. Other threads keep
+/// their small per-thread caches (under 1 MiB each) until they exit.
+pub fn empty_cache() {
+    engine::storage::pool::empty();
+}
+
+/// Cap the bytes the shared pool keeps for reuse (default 1 GiB); blocks freed beyond
+/// the cap go back to the system, and the pool is trimmed now if it is over. `0` turns
+/// caching off entirely. Each thread may keep under 1 MiB of small blocks besides.
+pub fn set_cache_limit(bytes: usize) {
+    engine::storage::pool::set_limit(bytes);
 }

@@ -4,7 +4,7 @@
 //! patterns that matter: 1 (contiguous) and 0 (broadcast).
 
 use super::layout::{Layout, for_each_row};
-use super::storage::{Buffer, new_filled};
+use super::storage::{Buffer, new_overwritten};
 use super::{Operand, OperandMut};
 use crate::dtype::{Native, dispatch};
 use crate::error::{NdError, Result};
@@ -48,7 +48,7 @@ pub(crate) fn map_unary<T: Native, U: Native>(
     let src = o.data::<T>();
     let l = o.layout;
     let n = l.size();
-    new_filled::<U>(n, |out| {
+    new_overwritten::<U>(n, |out| {
         if l.is_contiguous() {
             let src = &src[l.offset..l.offset + n];
             if n >= PARALLEL_ELEMS {
@@ -88,7 +88,7 @@ pub(crate) fn map_binary<T: Native, U: Native>(
     let (da, db) = (a.data::<T>(), b.data::<T>());
     let (la, lb) = (a.layout, b.layout);
     let n = shape.size();
-    new_filled::<U>(n, |out| {
+    new_overwritten::<U>(n, |out| {
         if la.shape == *shape && lb.shape == *shape && la.is_contiguous() && lb.is_contiguous() {
             let (sa, sb) = (&da[la.offset..la.offset + n], &db[lb.offset..lb.offset + n]);
             if n >= PARALLEL_ELEMS {
@@ -220,6 +220,9 @@ pub(crate) fn cast(o: &Operand<'_>, to: crate::DType) -> Result<Buffer> {
     }))
 }
 
+/// Accumulators of a reduction: inline (no allocation) for up to 4 outputs.
+pub(crate) type Accs<A> = smallvec::SmallVec<[A; 4]>;
+
 /// Reduce over `axes` (sorted, unique, in range). Returns one accumulator per output
 /// element (row-major over the kept axes). `row(acc, data, start, len, stride)` folds one
 /// strided row; rows of one output element arrive in row-major order.
@@ -228,7 +231,7 @@ pub(crate) fn reduce<T: Native, A: Copy>(
     axes: &[usize],
     init: A,
     row: impl Fn(A, &[T], isize, usize, isize) -> A,
-) -> Vec<A> {
+) -> Accs<A> {
     let data = o.data::<T>();
     let l = o.layout;
     let nd = l.shape.ndim();
@@ -244,24 +247,22 @@ pub(crate) fn reduce<T: Native, A: Copy>(
         }
     }
     let n_out: usize = kept_dims.iter().product();
-    let mut out = Vec::with_capacity(n_out);
+    let mut out = Accs::with_capacity(n_out);
     if n_out == 0 {
         return out;
     }
-    // Iterate the kept axes as "rows of length 1" so each call is one output element.
-    let mut bases = Vec::with_capacity(n_out);
+    // Iterate the kept axes as "rows of length 1" so each call is one output element
+    // (no list of bases: a full reduction allocates nothing).
     for_each_row(&kept_dims, [&kept_strides], [l.offset], |off, len, s| {
         for i in 0..len as isize {
-            bases.push(off[0] + i * s[0]);
+            let base = off[0] + i * s[0];
+            let mut acc = init;
+            for_each_row(&red_dims, [&red_strides], [base as usize], |off, len, s| {
+                acc = row(acc, data, off[0], len, s[0]);
+            });
+            out.push(acc);
         }
     });
-    for base in bases {
-        let mut acc = init;
-        for_each_row(&red_dims, [&red_strides], [base as usize], |off, len, s| {
-            acc = row(acc, data, off[0], len, s[0]);
-        });
-        out.push(acc);
-    }
     out
 }
 
@@ -280,31 +281,73 @@ pub(crate) fn sum_row<T: Native>(data: &[T], start: isize, len: usize, stride: i
 }
 
 fn pairwise_sum<T: Native>(x: &[T]) -> T {
-    const BLOCK: usize = 1024;
+    const BLOCK: usize = 4096;
     if x.len() <= BLOCK {
-        let mut lanes = [T::ZERO; 8];
-        let chunks = x.chunks_exact(8);
-        let rest = chunks.remainder();
-        for c in chunks {
-            for k in 0..8 {
-                lanes[k] = lanes[k].add(c[k]);
-            }
-        }
-        let mut s = T::ZERO;
-        for v in rest {
-            s = s.add(*v);
-        }
-        let a = lanes[0].add(lanes[1]).add(lanes[2].add(lanes[3]));
-        let b = lanes[4].add(lanes[5]).add(lanes[6].add(lanes[7]));
-        return a.add(b).add(s);
+        return block_sum(x);
     }
-    let mid = (x.len() / 2).next_multiple_of(8);
+    let mid = (x.len() / 2).next_multiple_of(32);
     if x.len() >= PARALLEL_ELEMS {
         let (a, b) = rayon::join(|| pairwise_sum(&x[..mid]), || pairwise_sum(&x[mid..]));
         a.add(b)
     } else {
         pairwise_sum(&x[..mid]).add(pairwise_sum(&x[mid..]))
     }
+}
+
+/// Sum of one block, compiled for the widest vector unit the CPU has (checked once at
+/// run time; the portable build only assumes SSE2).
+fn block_sum<T: Native>(x: &[T]) -> T {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F (checked just above).
+            return unsafe { block_sum_avx512(x) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { block_sum_avx2(x) };
+        }
+    }
+    lanes_sum(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn block_sum_avx512<T: Native>(x: &[T]) -> T {
+    lanes_sum(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn block_sum_avx2<T: Native>(x: &[T]) -> T {
+    lanes_sum(x)
+}
+
+/// 32 independent accumulators (several vector registers, so the adds pipeline),
+/// combined pairwise.
+#[inline(always)]
+fn lanes_sum<T: Native>(x: &[T]) -> T {
+    const LANES: usize = 32;
+    let mut lanes = [T::ZERO; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for k in 0..LANES {
+            lanes[k] = lanes[k].add(c[k]);
+        }
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for k in 0..width {
+            lanes[k] = lanes[k].add(lanes[k + width]);
+        }
+    }
+    let mut s = T::ZERO;
+    for v in rest {
+        s = s.add(*v);
+    }
+    lanes[0].add(s)
 }
 
 /// A 2-D strided matrix operand: element (i, j) is at `off + i*rs + j*cs`.
@@ -331,6 +374,19 @@ pub(crate) fn matmul_2d<T: Native>(
     if k == 0 {
         out[..m * n].iter_mut().for_each(|o| *o = T::ZERO);
         return;
+    }
+    // Matrix-vector products with a tiny inner dimension over contiguous rows (e.g.
+    // [1000,2] x [2,1]): a fixed-width loop the compiler vectorises beats gemm's setup.
+    if n == 1 && k <= 4 && a.cs == 1 && a.rs == k as isize && a.off >= 0 {
+        let rows = &a.data[a.off as usize..a.off as usize + m * k];
+        let col = |p: usize| b.data[(b.off + p as isize * b.rs) as usize];
+        let out = &mut out[..m];
+        match k {
+            1 => return matvec_small::<T, 1>(rows, [col(0)], out),
+            2 => return matvec_small::<T, 2>(rows, [col(0), col(1)], out),
+            3 => return matvec_small::<T, 3>(rows, [col(0), col(1), col(2)], out),
+            _ => return matvec_small::<T, 4>(rows, [col(0), col(1), col(2), col(3)], out),
+        }
     }
     let gemm_type = std::any::TypeId::of::<T>();
     if gemm_type == std::any::TypeId::of::<f32>() || gemm_type == std::any::TypeId::of::<f64>() {
@@ -392,6 +448,17 @@ pub(crate) fn matmul_2d<T: Native>(
             }
             out[i * n + j] = acc;
         }
+    }
+}
+
+/// `out[i] = rows[i] . col` for rows of constant width `K`.
+fn matvec_small<T: Native, const K: usize>(rows: &[T], col: [T; K], out: &mut [T]) {
+    for (o, r) in out.iter_mut().zip(rows.chunks_exact(K)) {
+        let mut acc = r[0].mul(col[0]);
+        for p in 1..K {
+            acc = acc.add(r[p].mul(col[p]));
+        }
+        *o = acc;
     }
 }
 

@@ -35,6 +35,7 @@
 //! the lock so that in-place writers (always under the lock) wait for them. User code
 //! (a [`crate::Resource`]'s `close`) never runs under the lock.
 
+mod count_alloc;
 pub(crate) mod kernels;
 pub(crate) mod layout;
 pub(crate) mod slab;
@@ -44,6 +45,7 @@ use crate::diag::{config, profile};
 use crate::dtype::Native;
 use crate::error::{ArrayDesc, CloseReason, ClosedInfo, NdError, Result, SourceLocation};
 use crate::{DType, Shape};
+pub use count_alloc::CountingAllocator;
 pub(crate) use layout::Layout;
 use parking_lot::{Mutex, MutexGuard};
 pub(crate) use slab::Id;
@@ -134,6 +136,11 @@ pub(crate) struct ScopeRec {
 pub(crate) struct Registry {
     arrays: Slab<ArrayRec, ClosedInfo>,
     buffers: Slab<BufMeta, ()>,
+    /// Emptied `Arc<Buffer>` shells kept for reuse, so a new buffer costs no allocation
+    /// for its `Arc` (the block itself comes from the caching pool).
+    spare_arcs: Vec<Arc<Buffer>>,
+    /// Emptied scope array lists kept for reuse by the next scopes.
+    spare_lists: Vec<Vec<Id>>,
     managers: Slab<ManagerRec, String>,
     scopes: Slab<ScopeRec, ()>,
 }
@@ -142,6 +149,8 @@ static ENGINE: Mutex<Registry> = Mutex::new(Registry {
     // Keep the last few thousand tombstones of arrays for use-after-close reports.
     arrays: Slab::new(4096),
     buffers: Slab::new(0),
+    spare_arcs: Vec::new(),
+    spare_lists: Vec::new(),
     managers: Slab::new(64),
     scopes: Slab::new(0),
 });
@@ -439,13 +448,11 @@ impl Registry {
     ) -> Result<Id> {
         self.accepts(mgr)?;
         let (buffer, fresh) = match data {
-            Data::New(buf) => (
-                self.buffers.insert(BufMeta {
-                    buf: Arc::new(buf),
-                    holders: SmallVec::new(),
-                }),
-                true,
-            ),
+            Data::New(buf) => {
+                let buf = self.wrap_buffer(buf);
+                let holders = SmallVec::new();
+                (self.buffers.insert(BufMeta { buf, holders }), true)
+            }
             Data::Share(b) => (b, false),
         };
         let mgr_pos = self.manager(mgr)?.arrays.len() as u32;
@@ -477,6 +484,29 @@ impl Registry {
         Ok(id)
     }
 
+    /// An `Arc` around `buf`, reusing a spare shell when one is kept.
+    fn wrap_buffer(&mut self, buf: Buffer) -> Arc<Buffer> {
+        match self.spare_arcs.pop() {
+            Some(mut shell) => {
+                *Arc::get_mut(&mut shell).expect("spare shells are unique") = buf;
+                shell
+            }
+            None => Arc::new(buf),
+        }
+    }
+
+    /// Release a dead buffer's block to the pool and keep its `Arc` shell for reuse
+    /// (when no snapshot shares it; a snapshot's drop frees both then).
+    fn recycle_arc(&mut self, mut arc: Arc<Buffer>) {
+        const MAX_SPARE_ARCS: usize = 1024;
+        if let Some(b) = Arc::get_mut(&mut arc) {
+            *b = Buffer::empty();
+            if self.spare_arcs.len() < MAX_SPARE_ARCS {
+                self.spare_arcs.push(arc);
+            }
+        }
+    }
+
     fn add_holder(&mut self, buffer: Id, id: Id, mgr: Id) {
         let meta = self.buffers.get_mut(buffer).expect("live buffer");
         meta.holders.push(id);
@@ -506,7 +536,9 @@ impl Registry {
         if next.is_none() {
             // Dropping the Arc frees the block unless an op outside the lock still
             // reads it, in which case that op's snapshot frees it.
-            self.buffers.remove(buffer, ());
+            if let Some(meta) = self.buffers.remove(buffer, ()) {
+                self.recycle_arc(meta.buf);
+            }
         }
     }
 
@@ -769,10 +801,11 @@ impl Registry {
         let depth = parent
             .and_then(|p| self.scopes.get(p))
             .map_or(0, |p| p.depth + 1);
+        let arrays = self.spare_lists.pop().unwrap_or_default();
         let id = self.scopes.insert(ScopeRec {
             parent,
             depth,
-            arrays: Vec::new(),
+            arrays,
             opened_at: at,
             resources: Vec::new(),
         });
@@ -807,8 +840,8 @@ impl Registry {
         }
         let mut resources = Vec::new();
         for &c in &chain {
-            let scope = self.scopes.remove(c, ()).expect("open scope");
-            for id in scope.arrays {
+            let mut scope = self.scopes.remove(c, ()).expect("open scope");
+            for id in scope.arrays.drain(..) {
                 let Some(r) = self.arrays.get_mut(id) else {
                     continue;
                 };
@@ -830,6 +863,11 @@ impl Registry {
             }
             resources.extend(scope.resources.into_iter().rev());
             CURRENT_SCOPE.with(|cs| cs.set(scope.parent));
+            // Keep the emptied list for the next scope (a steady loop then opens scopes
+            // without allocating); drop very large or surplus ones.
+            if self.spare_lists.len() < 64 && scope.arrays.capacity() <= 1 << 16 {
+                self.spare_lists.push(scope.arrays);
+            }
         }
         Ok(resources)
     }

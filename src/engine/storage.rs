@@ -1,5 +1,5 @@
-//! Data buffers: 64-byte-aligned, zero-initialised heap blocks shared by an array and
-//! its views.
+//! Data buffers: 64-byte-aligned, initialised heap blocks shared by an array and its
+//! views, recycled through a caching pool (see [`pool`]).
 //!
 //! A [`Buffer`] is always fully initialised (fresh blocks are zeroed; reused blocks hold
 //! old values), so typed slices over it are valid for every native type. Who may read
@@ -8,8 +8,9 @@
 
 use crate::dtype::Native;
 use crate::error::{NdError, Result};
-use std::alloc::{self, Layout as AllocLayout};
 use std::ptr::NonNull;
+
+pub(crate) mod pool;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Alignment of every buffer, in bytes (a cache line; enough for any SIMD width).
@@ -24,6 +25,9 @@ const _: () = assert!(std::mem::align_of::<AlignedBlock>() == ALIGN);
 pub(crate) struct Buffer {
     ptr: NonNull<u8>,
     bytes: usize,
+    /// The pool size class of the block (its capacity), `pool::FRESH` set when it came
+    /// zeroed from the system allocator; `pool::NO_CLASS` for empty buffers.
+    class: u32,
     /// Number of ops currently reading this buffer without holding the engine lock.
     outside_readers: AtomicUsize,
 }
@@ -36,27 +40,47 @@ unsafe impl Send for Buffer {}
 unsafe impl Sync for Buffer {}
 
 impl Buffer {
+    /// A buffer of no bytes (no block).
+    pub(crate) fn empty() -> Buffer {
+        Buffer {
+            // An aligned dangling pointer is valid for zero-length slices. (`[u8; N]` is
+            // only 1-aligned: its dangling pointer would be misaligned for f32.)
+            ptr: NonNull::<AlignedBlock>::dangling().cast(),
+            bytes: 0,
+            class: pool::NO_CLASS,
+            outside_readers: AtomicUsize::new(0),
+        }
+    }
+
     /// A zeroed block of `bytes` bytes, or `OutOfMemory` (never an abort).
     pub(crate) fn zeroed(bytes: usize) -> Result<Buffer> {
-        if bytes == 0 {
-            return Ok(Buffer {
-                // An aligned dangling pointer is valid for zero-length slices. (`[u8; N]`
-                // is only 1-aligned: its dangling pointer would be misaligned for f32.)
-                ptr: NonNull::<AlignedBlock>::dangling().cast(),
-                bytes: 0,
-                outside_readers: AtomicUsize::new(0),
-            });
+        let buf = Buffer::reused(bytes)?;
+        if buf.fresh_or_empty() {
+            return Ok(buf);
         }
-        let layout = AllocLayout::from_size_align(bytes, ALIGN)
-            .map_err(|_| NdError::OutOfMemory { bytes })?;
-        // SAFETY: `layout` has a non-zero size (checked above).
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or(NdError::OutOfMemory { bytes })?;
+        // SAFETY: the block is `bytes` long, owned by `buf` and not shared yet.
+        unsafe { std::ptr::write_bytes(buf.ptr.as_ptr(), 0, buf.bytes) };
+        Ok(buf)
+    }
+
+    /// A block of `bytes` bytes from the caching pool when one fits (holding old
+    /// values: initialised, but arbitrary), else a fresh zeroed one.
+    pub(crate) fn reused(bytes: usize) -> Result<Buffer> {
+        if bytes == 0 {
+            return Ok(Buffer::empty());
+        }
+        let (class, ptr) = pool::take(bytes)?;
         Ok(Buffer {
             ptr,
             bytes,
+            class,
             outside_readers: AtomicUsize::new(0),
         })
+    }
+
+    /// Whether the block came zeroed from the system (or is empty).
+    fn fresh_or_empty(&self) -> bool {
+        self.class & pool::FRESH != 0 || self.bytes == 0
     }
 
     /// Size in bytes.
@@ -121,24 +145,33 @@ impl Buffer {
 impl Drop for Buffer {
     fn drop(&mut self) {
         if self.bytes != 0 {
-            // SAFETY: allocated in `zeroed` with exactly this size and alignment
-            // (from_size_align succeeded there, so it succeeds here).
-            unsafe {
-                alloc::dealloc(
-                    self.ptr.as_ptr(),
-                    AllocLayout::from_size_align_unchecked(self.bytes, ALIGN),
-                )
-            }
+            pool::give(self.class & !pool::FRESH, self.ptr);
         }
     }
 }
 
-/// A freshly allocated buffer of `len` elements of `T` filled by `fill`.
+/// A new buffer of `len` elements of `T`, zeroed, then filled by `fill`.
 pub(crate) fn new_filled<T: Native>(len: usize, fill: impl FnOnce(&mut [T])) -> Result<Buffer> {
     let bytes = len
         .checked_mul(std::mem::size_of::<T>())
         .ok_or(NdError::OutOfMemory { bytes: usize::MAX })?;
     let buf = Buffer::zeroed(bytes)?;
+    // SAFETY: the buffer was just allocated and is not shared yet.
+    fill(unsafe { buf.slice_mut::<T>() });
+    Ok(buf)
+}
+
+/// A new buffer of `len` elements of `T` that `fill` must overwrite entirely: it may
+/// come from the caching pool holding old values (never zeroed again, so large outputs
+/// cost no extra pass). Use [`new_filled`] when `fill` relies on zeros.
+pub(crate) fn new_overwritten<T: Native>(
+    len: usize,
+    fill: impl FnOnce(&mut [T]),
+) -> Result<Buffer> {
+    let bytes = len
+        .checked_mul(std::mem::size_of::<T>())
+        .ok_or(NdError::OutOfMemory { bytes: usize::MAX })?;
+    let buf = Buffer::reused(bytes)?;
     // SAFETY: the buffer was just allocated and is not shared yet.
     fill(unsafe { buf.slice_mut::<T>() });
     Ok(buf)
