@@ -14,8 +14,17 @@ pub(crate) type Dims = SmallVec<[usize; 4]>;
 /// assert_eq!(Shape::from(()).ndim(), 0);
 /// assert_eq!(Shape::from(vec![4]).to_string(), "[4]");
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, Default)]
+#[derive(PartialEq, Eq, Hash, Default)]
 pub struct Shape(pub(crate) Dims);
+
+impl Clone for Shape {
+    #[inline]
+    fn clone(&self) -> Self {
+        // `from_slice` copies `Copy` items with one memcpy; the derived clone extends
+        // element by element.
+        Shape(Dims::from_slice(&self.0))
+    }
+}
 
 impl Shape {
     /// The dimensions.
@@ -41,7 +50,12 @@ impl Shape {
 
     /// Row-major (C-order) strides in elements.
     pub(crate) fn contiguous_strides(&self) -> SmallVec<[isize; 4]> {
-        let mut strides = SmallVec::from_elem(0isize, self.0.len());
+        let n = self.0.len();
+        let mut strides: SmallVec<[isize; 4]> = if n <= 4 {
+            SmallVec::from_slice(&[0isize; 4][..n])
+        } else {
+            SmallVec::from_elem(0, n)
+        };
         let mut acc = 1isize;
         for (s, &d) in strides.iter_mut().zip(self.0.iter()).rev() {
             *s = acc;
@@ -52,6 +66,9 @@ impl Shape {
 
     /// The numpy broadcast of two shapes, or `None` when they are incompatible.
     pub(crate) fn broadcast(a: &Shape, b: &Shape) -> Option<Shape> {
+        if a == b {
+            return Some(a.clone());
+        }
         let n = a.ndim().max(b.ndim());
         let mut out = Dims::from_elem(0, n);
         for i in 0..n {

@@ -78,7 +78,7 @@ fn stale_handles_never_alias_new_arrays() {
     let mut seen = HashSet::new();
     let first = m.zeros([1], DType::F32);
     first.close();
-    // Create and free far more arrays than the registry's tombstone slack, so slots
+    // Create and free far more arrays than the registry keeps tombstones for, so slots
     // are recycled; no uid repeats and the stale handle stays closed.
     for _ in 0..20_000 {
         let a = m.zeros([1], DType::F32);

@@ -31,6 +31,7 @@ pub mod config {
     }
 
     /// Whether verbose mode is on (first call reads `NDSCOPE_VERBOSE`).
+    #[inline]
     pub fn verbose() -> bool {
         match VERBOSE.load(Ordering::Relaxed) {
             ON => true,

@@ -8,15 +8,27 @@ use smallvec::SmallVec;
 pub(crate) type Strides = SmallVec<[isize; 4]>;
 
 /// Shape, strides and offset (in elements) of an array within its buffer.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub(crate) struct Layout {
     pub shape: Shape,
     pub strides: Strides,
     pub offset: usize,
 }
 
+impl Clone for Layout {
+    #[inline]
+    fn clone(&self) -> Self {
+        Layout {
+            shape: self.shape.clone(),
+            strides: Strides::from_slice(&self.strides),
+            offset: self.offset,
+        }
+    }
+}
+
 impl Layout {
     /// A row-major layout starting at element 0.
+    #[inline]
     pub(crate) fn contiguous(shape: Shape) -> Layout {
         let strides = shape.contiguous_strides();
         Layout {

@@ -26,7 +26,8 @@
 //!   a parameter's gradient array (freed with the parameter), and tape holds with an
 //!   `orphaned` mark, which keep an intermediate alive for a gradient tape past the
 //!   close of its scope without counting as a user reference (see [`Registry::hold`]).
-//! * A dead record leaves a tombstone ([`ClosedInfo`]) that makes use-after-close errors
+//! * A freed record leaves a tombstone ([`ClosedInfo`]) in a graveyard ring (the last
+//!   [`CLOSED_DETAILS_KEPT`] frees) that makes use-after-close errors
 //!   say what the array was and where and why it was freed.
 //!
 //! Ops run in [`run_op`]: inputs are resolved under the lock; small work is computed
@@ -49,7 +50,7 @@ pub use count_alloc::CountingAllocator;
 pub(crate) use layout::Layout;
 use parking_lot::{Mutex, MutexGuard};
 pub(crate) use slab::Id;
-use slab::{Lookup, Slab};
+use slab::{Graveyard, Slab};
 use smallvec::SmallVec;
 use std::cell::Cell;
 use std::sync::Arc;
@@ -134,25 +135,34 @@ pub(crate) struct ScopeRec {
 }
 
 pub(crate) struct Registry {
-    arrays: Slab<ArrayRec, ClosedInfo>,
-    buffers: Slab<BufMeta, ()>,
+    arrays: Slab<ArrayRec>,
+    /// What recently freed arrays were, for use-after-close errors.
+    graves: Graveyard<ClosedInfo>,
+    buffers: Slab<BufMeta>,
     /// Emptied `Arc<Buffer>` shells kept for reuse, so a new buffer costs no allocation
     /// for its `Arc` (the block itself comes from the caching pool).
     spare_arcs: Vec<Arc<Buffer>>,
     /// Emptied scope array lists kept for reuse by the next scopes.
     spare_lists: Vec<Vec<Id>>,
-    managers: Slab<ManagerRec, String>,
-    scopes: Slab<ScopeRec, ()>,
+    managers: Slab<ManagerRec>,
+    /// Names of recently closed managers.
+    manager_graves: Graveyard<String>,
+    scopes: Slab<ScopeRec>,
 }
 
+/// A freed array's details (creating line, close site and reason) survive this many
+/// later frees; after that a use of it reports `NdError::ClosedUnknown`.
+pub(crate) const CLOSED_DETAILS_KEPT: usize = 4096;
+
 static ENGINE: Mutex<Registry> = Mutex::new(Registry {
-    // Keep the last few thousand tombstones of arrays for use-after-close reports.
-    arrays: Slab::new(4096),
-    buffers: Slab::new(0),
+    arrays: Slab::new(),
+    graves: Graveyard::new(CLOSED_DETAILS_KEPT + 1),
+    buffers: Slab::new(),
     spare_arcs: Vec::new(),
     spare_lists: Vec::new(),
-    managers: Slab::new(64),
-    scopes: Slab::new(0),
+    managers: Slab::new(),
+    manager_graves: Graveyard::new(1024),
+    scopes: Slab::new(),
 });
 
 thread_local! {
@@ -174,8 +184,21 @@ pub(crate) fn current_scope() -> Option<Id> {
     CURRENT_SCOPE.with(|c| c.get())
 }
 
+#[inline]
 fn backtrace() -> Option<Arc<str>> {
-    config::verbose().then(|| Arc::from(std::backtrace::Backtrace::force_capture().to_string()))
+    if config::verbose() {
+        capture_backtrace()
+    } else {
+        None
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn capture_backtrace() -> Option<Arc<str>> {
+    Some(Arc::from(
+        std::backtrace::Backtrace::force_capture().to_string(),
+    ))
 }
 
 impl ManagerRec {
@@ -288,11 +311,27 @@ impl Registry {
     // ---------------------------------------------------------------- lookups
 
     pub(crate) fn array(&self, id: Id) -> Result<&ArrayRec> {
-        match self.arrays.lookup(id) {
-            Lookup::Live(r) => Ok(r),
-            Lookup::Dead(info) => Err(NdError::Closed(Box::new(info.clone()))),
-            Lookup::Gone => Err(NdError::ClosedUnknown { uid: id.uid() }),
+        match self.arrays.get(id) {
+            Some(r) => Ok(r),
+            None => Err(self.closed_error(id)),
         }
+    }
+
+    #[cold]
+    fn closed_error(&self, id: Id) -> NdError {
+        match self.graves.find(id) {
+            Some(info) => NdError::Closed(Box::new(info.clone())),
+            None => NdError::ClosedUnknown { uid: id.uid() },
+        }
+    }
+
+    #[cold]
+    fn manager_closed_error(&self, id: Id) -> NdError {
+        let name = match self.manager_graves.find(id) {
+            Some(name) => name.clone(),
+            None => format!("#{}", id.uid()),
+        };
+        NdError::ManagerClosed { name }
     }
 
     fn array_mut(&mut self, id: Id) -> &mut ArrayRec {
@@ -306,12 +345,9 @@ impl Registry {
     }
 
     pub(crate) fn manager(&self, id: Id) -> Result<&ManagerRec> {
-        match self.managers.lookup(id) {
-            Lookup::Live(m) => Ok(m),
-            Lookup::Dead(name) => Err(NdError::ManagerClosed { name: name.clone() }),
-            Lookup::Gone => Err(NdError::ManagerClosed {
-                name: format!("#{}", id.uid()),
-            }),
+        match self.managers.get(id) {
+            Some(m) => Ok(m),
+            None => Err(self.manager_closed_error(id)),
         }
     }
 
@@ -447,15 +483,17 @@ impl Registry {
         at: SourceLocation,
     ) -> Result<Id> {
         self.accepts(mgr)?;
-        let (buffer, fresh) = match data {
+        let (buffer, new_bytes) = match data {
             Data::New(buf) => {
+                let bytes = buf.bytes();
                 let buf = self.wrap_buffer(buf);
                 let holders = SmallVec::new();
-                (self.buffers.insert(BufMeta { buf, holders }), true)
+                (self.buffers.insert(BufMeta { buf, holders }), Some(bytes))
             }
-            Data::Share(b) => (b, false),
+            Data::Share(b) => (b, None),
         };
-        let mgr_pos = self.manager(mgr)?.arrays.len() as u32;
+        let m = self.managers.get_mut(mgr).expect("checked above");
+        let mgr_pos = m.arrays.len() as u32;
         let id = self.arrays.insert(ArrayRec {
             buffer,
             layout,
@@ -476,8 +514,16 @@ impl Registry {
             .expect("checked above")
             .arrays
             .push(id);
-        self.adjust(mgr, 1, 0, 0, fresh as u64);
-        self.add_holder(buffer, id, mgr);
+        // A new buffer's first holder is charged for it; a view adds only an array.
+        self.buffers
+            .get_mut(buffer)
+            .expect("live buffer")
+            .holders
+            .push(id);
+        match new_bytes {
+            Some(bytes) => self.adjust(mgr, 1, 1, bytes as isize, 1),
+            None => self.adjust(mgr, 1, 0, 0, 0),
+        }
         if let Some(scope) = current_scope() {
             self.register(scope, id);
         }
@@ -507,18 +553,13 @@ impl Registry {
         }
     }
 
-    fn add_holder(&mut self, buffer: Id, id: Id, mgr: Id) {
+    /// Drop `id` from its buffer's holders. When `id` was the holder charged for the
+    /// buffer, returns its bytes and the manager of the next holder, which takes over
+    /// the charge (the caller moves the charge: first off `id`'s manager, then onto the
+    /// next one, so peaks never count it twice).
+    fn remove_holder(&mut self, buffer: Id, id: Id) -> Option<(usize, Option<Id>)> {
         let meta = self.buffers.get_mut(buffer).expect("live buffer");
-        meta.holders.push(id);
-        if meta.holders.len() == 1 {
-            let bytes = meta.buf.bytes() as isize;
-            self.adjust(mgr, 0, 1, bytes, 0);
-        }
-    }
-
-    fn remove_holder(&mut self, buffer: Id, id: Id, mgr: Id) {
-        let meta = self.buffers.get_mut(buffer).expect("live buffer");
-        let bytes = meta.buf.bytes() as isize;
+        let bytes = meta.buf.bytes();
         let i = meta
             .holders
             .iter()
@@ -526,20 +567,14 @@ impl Registry {
             .expect("engine invariant: holder is listed");
         meta.holders.remove(i);
         let next = meta.holders.first().copied();
-        if i == 0 {
-            self.adjust(mgr, 0, -1, -bytes, 0);
-            if let Some(next) = next {
-                let nm = self.array_mut(next).manager;
-                self.adjust(nm, 0, 1, bytes, 0);
-            }
-        }
         if next.is_none() {
             // Dropping the Arc frees the block unless an op outside the lock still
             // reads it, in which case that op's snapshot frees it.
-            if let Some(meta) = self.buffers.remove(buffer, ()) {
+            if let Some(meta) = self.buffers.remove(buffer) {
                 self.recycle_arc(meta.buf);
             }
         }
+        (i == 0).then(|| (bytes, next.map(|n| self.array_mut(n).manager)))
     }
 
     fn unlink_from_manager(&mut self, id: Id) {
@@ -612,24 +647,11 @@ impl Registry {
         at: Option<SourceLocation>,
         reason: CloseReason,
     ) -> bool {
-        let closed_bt = backtrace();
-        // A parameter's gradient lives and dies with it.
-        let grad = self.arrays.get(id).and_then(|r| r.grad);
-        let grad_reason = grad.map(|_| reason.clone());
-        let Some(rec) = self.arrays.remove_with(id, |r| ClosedInfo {
-            array: ArrayDesc {
-                uid: id.uid(),
-                shape: r.layout.shape.clone(),
-                dtype: r.dtype,
-                created_at: r.created_at,
-            },
-            closed_at: at,
-            reason,
-            created_backtrace: r.created_bt.clone(),
-            closed_backtrace: closed_bt,
-        }) else {
+        let Some(rec) = self.arrays.remove(id) else {
             return false;
         };
+        // A parameter's gradient lives and dies with it.
+        let grad = rec.grad.map(|g| (g, reason.clone()));
         // Unlink from the manager's list (the record is gone, so fix positions here).
         let list = &mut self
             .managers
@@ -644,9 +666,31 @@ impl Registry {
         for &(sid, pos) in &rec.scopes {
             self.scope_unlink_at(sid, pos as usize);
         }
-        self.adjust(rec.manager, -1, 0, 0, 0);
-        self.remove_holder(rec.buffer, id, rec.manager);
-        if let (Some(g), Some(reason)) = (grad, grad_reason) {
+        match self.remove_holder(rec.buffer, id) {
+            Some((bytes, next)) => {
+                self.adjust(rec.manager, -1, -1, -(bytes as isize), 0);
+                if let Some(nm) = next {
+                    self.adjust(nm, 0, 1, bytes as isize, 0);
+                }
+            }
+            None => self.adjust(rec.manager, -1, 0, 0, 0),
+        }
+        self.graves.bury(
+            id,
+            ClosedInfo {
+                array: ArrayDesc {
+                    uid: id.uid(),
+                    shape: rec.layout.shape,
+                    dtype: rec.dtype,
+                    created_at: rec.created_at,
+                },
+                closed_at: at,
+                reason,
+                created_backtrace: rec.created_bt,
+                closed_backtrace: backtrace(),
+            },
+        );
+        if let Some((g, reason)) = grad {
             self.free_array(g, at, reason);
         }
         true
@@ -840,7 +884,7 @@ impl Registry {
         }
         let mut resources = Vec::new();
         for &c in &chain {
-            let mut scope = self.scopes.remove(c, ()).expect("open scope");
+            let mut scope = self.scopes.remove(c).expect("open scope");
             for id in scope.arrays.drain(..) {
                 let Some(r) = self.arrays.get_mut(id) else {
                     continue;
@@ -953,7 +997,8 @@ impl Registry {
                 self.free_array(id, Some(at), CloseReason::ManagerClose { manager });
             }
         }
-        let rec = self.managers.remove(mid, name).expect("live");
+        let rec = self.managers.remove(mid).expect("live");
+        self.manager_graves.bury(mid, name);
         out.extend(rec.resources.into_iter().rev());
         if let Some(p) = rec.parent {
             let list = &mut self

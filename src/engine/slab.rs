@@ -1,12 +1,16 @@
-//! A generational slab: the id scheme behind arrays, managers and scopes.
+//! A generational slab (the id scheme behind arrays, managers and scopes) and a
+//! graveyard (what recently freed entries were, for diagnostics).
 //!
 //! An [`Id`] is `{ index, generation }`. A slot's generation is bumped each time the slot
-//! is reused, so a stale id never reaches a new entry (the ABA problem that made DJL's
-//! "uid is not unique" bug). When an entry dies its slot keeps a tombstone (what it was,
-//! how it died) until the slot is reused; freed slots are reused first-in-first-out and
-//! only once `slack` of them are waiting, so recent tombstones survive for diagnostics
-//! while the table stays at most `live + slack` long. A slot whose generation would wrap
-//! is retired, never reused.
+//! is reused, so a stale id never reaches a new entry (the ABA problem behind DJL's
+//! "uid is not unique" bug). Freed slots are reused last-in-first-out, so the slot a new
+//! array gets is the one just freed and still in cache; a slot whose generation would
+//! wrap is retired instead, so no id is ever handed out twice.
+//!
+//! Tombstones do not live in the slots: a freed entry's description goes to a
+//! [`Graveyard`], a ring of the most recent ones, searched only when a stale id is used
+//! (an error path). The hot path therefore writes one ring entry per free and never
+//! walks cold slots.
 
 use std::collections::VecDeque;
 
@@ -23,49 +27,33 @@ impl Id {
     }
 }
 
-enum Entry<L, D> {
-    Live(L),
-    Dead(D),
-}
-
-struct Slot<L, D> {
+struct Slot<L> {
     generation: u32,
-    entry: Entry<L, D>,
+    value: Option<L>,
 }
 
-/// What an id refers to now.
-pub(crate) enum Lookup<'a, L, D> {
-    Live(&'a L),
-    /// Dead, with its tombstone.
-    Dead(&'a D),
-    /// Dead and its slot reused (or never valid): nothing is known.
-    Gone,
-}
-
-pub(crate) struct Slab<L, D> {
-    slots: Vec<Slot<L, D>>,
-    free: VecDeque<u32>,
-    slack: usize,
+pub(crate) struct Slab<L> {
+    slots: Vec<Slot<L>>,
+    free: Vec<u32>,
     live: usize,
 }
 
-impl<L, D> Slab<L, D> {
-    pub(crate) const fn new(slack: usize) -> Self {
+impl<L> Slab<L> {
+    pub(crate) const fn new() -> Self {
         Slab {
             slots: Vec::new(),
-            free: VecDeque::new(),
-            slack,
+            free: Vec::new(),
             live: 0,
         }
     }
 
     pub(crate) fn insert(&mut self, value: L) -> Id {
         self.live += 1;
-        if self.free.len() > self.slack {
-            let index = self.free.pop_front().expect("free list is non-empty");
+        if let Some(index) = self.free.pop() {
             let slot = &mut self.slots[index as usize];
+            debug_assert!(slot.value.is_none() && slot.generation < u32::MAX);
             slot.generation += 1;
-            slot.entry = Entry::Live(value);
+            slot.value = Some(value);
             return Id {
                 index,
                 generation: slot.generation,
@@ -74,7 +62,7 @@ impl<L, D> Slab<L, D> {
         let index = u32::try_from(self.slots.len()).expect("more than 2^32 live ids");
         self.slots.push(Slot {
             generation: 0,
-            entry: Entry::Live(value),
+            value: Some(value),
         });
         Id {
             index,
@@ -82,73 +70,86 @@ impl<L, D> Slab<L, D> {
         }
     }
 
+    #[inline]
     pub(crate) fn get(&self, id: Id) -> Option<&L> {
         match self.slots.get(id.index as usize) {
             Some(Slot {
                 generation,
-                entry: Entry::Live(v),
+                value: Some(v),
             }) if *generation == id.generation => Some(v),
             _ => None,
         }
     }
 
+    #[inline]
     pub(crate) fn get_mut(&mut self, id: Id) -> Option<&mut L> {
         match self.slots.get_mut(id.index as usize) {
             Some(Slot {
                 generation,
-                entry: Entry::Live(v),
+                value: Some(v),
             }) if *generation == id.generation => Some(v),
             _ => None,
         }
     }
 
-    pub(crate) fn lookup(&self, id: Id) -> Lookup<'_, L, D> {
-        match self.slots.get(id.index as usize) {
-            Some(slot) if slot.generation == id.generation => match &slot.entry {
-                Entry::Live(v) => Lookup::Live(v),
-                Entry::Dead(d) => Lookup::Dead(d),
-            },
-            _ => Lookup::Gone,
-        }
-    }
-
-    /// Kill a live entry, leaving the tombstone `tomb` makes from it; returns the entry.
-    pub(crate) fn remove_with(&mut self, id: Id, tomb: impl FnOnce(&L) -> D) -> Option<L> {
+    /// Remove a live entry and return it (`None` if `id` is stale).
+    pub(crate) fn remove(&mut self, id: Id) -> Option<L> {
         let slot = self.slots.get_mut(id.index as usize)?;
-        let tombstone = match &slot.entry {
-            Entry::Live(v) if slot.generation == id.generation => tomb(v),
-            _ => return None,
-        };
-        let Entry::Live(v) = std::mem::replace(&mut slot.entry, Entry::Dead(tombstone)) else {
-            unreachable!()
-        };
+        if slot.generation != id.generation {
+            return None;
+        }
+        let v = slot.value.take()?;
         self.live -= 1;
         if slot.generation < u32::MAX {
-            self.free.push_back(id.index);
+            self.free.push(id.index);
         }
         Some(v)
-    }
-
-    /// Kill a live entry, leaving `tombstone`.
-    pub(crate) fn remove(&mut self, id: Id, tombstone: D) -> Option<L> {
-        self.remove_with(id, |_| tombstone)
     }
 
     pub(crate) fn len(&self) -> usize {
         self.live
     }
 
-    /// Number of slots ever allocated (live, dead and retired).
+    /// Number of slots ever allocated (live, free and retired).
     #[cfg(test)]
     pub(crate) fn capacity_used(&self) -> usize {
         self.slots.len()
     }
 
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut L> {
-        self.slots.iter_mut().filter_map(|s| match &mut s.entry {
-            Entry::Live(v) => Some(v),
-            Entry::Dead(_) => None,
-        })
+        self.slots.iter_mut().filter_map(|s| s.value.as_mut())
+    }
+}
+
+/// The descriptions of the last `capacity` freed entries, newest last.
+pub(crate) struct Graveyard<D> {
+    ring: VecDeque<(Id, D)>,
+    capacity: usize,
+}
+
+impl<D> Graveyard<D> {
+    pub(crate) const fn new(capacity: usize) -> Self {
+        Graveyard {
+            ring: VecDeque::new(),
+            capacity,
+        }
+    }
+
+    /// Record what `id` was; forgets the oldest record beyond capacity.
+    pub(crate) fn bury(&mut self, id: Id, tombstone: D) {
+        if self.ring.len() == self.capacity {
+            self.ring.pop_front();
+        }
+        self.ring.push_back((id, tombstone));
+    }
+
+    /// What `id` was, if it is still remembered. O(capacity): error paths only.
+    pub(crate) fn find(&self, id: Id) -> Option<&D> {
+        self.ring
+            .iter()
+            .rev()
+            .find(|(i, _)| *i == id)
+            .map(|(_, d)| d)
     }
 }
 
@@ -158,41 +159,55 @@ mod tests {
 
     #[test]
     fn stale_ids_never_reach_new_entries() {
-        let mut s: Slab<u32, &str> = Slab::new(0);
+        let mut s: Slab<u32> = Slab::new();
         let a = s.insert(1);
-        assert_eq!(s.remove(a, "gone"), Some(1));
-        assert!(matches!(s.lookup(a), Lookup::Dead(&"gone")));
+        assert_eq!(s.remove(a), Some(1));
+        assert_eq!(s.remove(a), None);
         let b = s.insert(2);
-        assert_eq!(b.index, a.index);
+        assert_eq!(b.index, a.index, "the freed slot is reused first");
         assert_ne!(b, a);
         assert!(s.get(a).is_none());
-        assert!(matches!(s.lookup(a), Lookup::Gone));
         assert_eq!(s.get(b), Some(&2));
         assert_ne!(a.uid(), b.uid());
     }
 
     #[test]
-    fn slack_delays_reuse_and_bounds_growth() {
-        let mut s: Slab<u32, ()> = Slab::new(4);
+    fn churn_stays_in_one_slot() {
+        let mut s: Slab<u32> = Slab::new();
         for i in 0..1000 {
             let id = s.insert(i);
-            s.remove(id, ());
+            s.remove(id);
         }
-        assert!(s.capacity_used() <= 5 + 1);
+        assert_eq!(s.capacity_used(), 1);
         assert_eq!(s.len(), 0);
     }
 
     #[test]
     fn wrapped_generation_retires_the_slot() {
-        let mut s: Slab<u32, ()> = Slab::new(0);
+        let mut s: Slab<u32> = Slab::new();
         let a = s.insert(0);
         s.slots[a.index as usize].generation = u32::MAX;
         let a = Id {
             index: a.index,
             generation: u32::MAX,
         };
-        s.remove(a, ());
+        s.remove(a);
         let b = s.insert(1);
         assert_ne!(b.index, a.index);
+    }
+
+    #[test]
+    fn graveyard_keeps_the_newest() {
+        let mut g: Graveyard<u32> = Graveyard::new(2);
+        let id = |index| Id {
+            index,
+            generation: 0,
+        };
+        g.bury(id(1), 10);
+        g.bury(id(2), 20);
+        g.bury(id(3), 30);
+        assert_eq!(g.find(id(1)), None);
+        assert_eq!(g.find(id(2)), Some(&20));
+        assert_eq!(g.find(id(3)), Some(&30));
     }
 }
