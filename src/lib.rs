@@ -128,7 +128,8 @@
 //! or plain method panics with exactly the error's message. [`NdError`] variants carry
 //! structured fields (the arrays involved, with their creating lines).
 //!
-//! See `DESIGN.md` in the repository for the full ownership model.
+//! The full ownership model (eleven rules, each checked by the tests) is in the
+//! project's design document, `DESIGN.md`, kept beside the repository.
 #![warn(missing_docs)]
 
 mod array;

@@ -108,7 +108,7 @@ fn handles_are_identity_equal_and_hash_after_close() {
     a.close();
     assert_eq!(a, a2);
     assert!(set.contains(&a));
-    assert_eq!(std::mem::size_of::<NDArray>(), 8);
+    assert!(std::mem::size_of::<NDArray>() <= 16);
     m.close();
 }
 

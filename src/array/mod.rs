@@ -1,6 +1,6 @@
 //! [`NDArray`]: the `Copy` handle to an engine-owned array.
 //!
-//! The handle is an 8-byte generational id; all data and metadata live in the engine.
+//! The handle is a 16-byte generational id (slot index and serial number); all data and metadata live in the engine.
 //! Copying a handle does not copy data and does not change ownership or counts: the
 //! array lives until its manager closes, the scope it is registered in closes, or it is
 //! closed or released explicitly (see the crate docs for the rules).
@@ -25,7 +25,7 @@ use std::panic::Location;
 
 /// A handle to an n-dimensional array owned by an [`NDManager`].
 ///
-/// `Copy + Send + Sync`, 8 bytes. Equality and hashing are identity (two handles are
+/// `Copy + Send + Sync`, 16 bytes. Equality and hashing are identity (two handles are
 /// equal when they name the same array), never fail, and keep working after close.
 /// Arithmetic works on handles directly:
 ///

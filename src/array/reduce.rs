@@ -40,18 +40,9 @@ impl Red {
     }
 }
 
-/// One axis, negative counting from the end, or `AxisOutOfRange`.
+/// One axis of `o`, negative counting from the end, or `AxisOutOfRange`.
 pub(crate) fn normalize_axis(op: &'static str, o: &Operand<'_>, axis: isize) -> Result<usize> {
-    let nd = o.shape().ndim() as isize;
-    let a = if axis < 0 { axis + nd } else { axis };
-    if a < 0 || a >= nd {
-        return Err(NdError::AxisOutOfRange {
-            op,
-            axis,
-            array: o.desc(),
-        });
-    }
-    Ok(a as usize)
+    super::shape_ops::normalize_axis(op, axis, o.shape().ndim(), o)
 }
 
 /// Sorted axes (`None`: all of them); out of range is `AxisOutOfRange`, a repeated axis

@@ -72,7 +72,7 @@ const OUTSIDE_LOCK_WORK: usize = 1 << 15;
 /// The system manager's id: the root of the manager tree, never closed.
 pub(crate) const SYSTEM: Id = Id {
     index: 0,
-    generation: 0,
+    generation: 1,
 };
 
 pub(crate) struct ArrayRec {
@@ -84,6 +84,7 @@ pub(crate) struct ArrayRec {
     scopes: SmallVec<[(Id, u32); 1]>,
     retains: u32,
     pub created_at: SourceLocation,
+    #[cfg_attr(feature = "untracked", allow(dead_code))]
     created_bt: Option<Arc<str>>,
     temp_home: Option<Id>,
     // ---- autograd (see `crate::autograd`): a small, self-contained addition.
@@ -675,6 +676,7 @@ impl Registry {
             }
             None => self.adjust(rec.manager, -1, 0, 0, 0),
         }
+        #[cfg(not(feature = "untracked"))]
         self.graves.bury(
             id,
             ClosedInfo {

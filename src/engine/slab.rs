@@ -1,11 +1,12 @@
 //! A generational slab (the id scheme behind arrays, managers and scopes) and a
 //! graveyard (what recently freed entries were, for diagnostics).
 //!
-//! An [`Id`] is `{ index, generation }`. A slot's generation is bumped each time the slot
-//! is reused, so a stale id never reaches a new entry (the ABA problem behind DJL's
-//! "uid is not unique" bug). Freed slots are reused last-in-first-out, so the slot a new
-//! array gets is the one just freed and still in cache; a slot whose generation would
-//! wrap is retired instead, so no id is ever handed out twice.
+//! An [`Id`] is `{ index, generation }`, where the generation is a serial number taken
+//! from a 64-bit counter at insertion: each entry ever inserted has its own, so a stale
+//! id never reaches a new entry (the ABA problem behind DJL's "uid is not unique" bug),
+//! and the serial doubles as a small, readable, never-reused uid (`#1`, `#2`, ...).
+//! Freed slots are reused last-in-first-out, so the slot a new array gets is the one
+//! just freed and still in cache.
 //!
 //! Tombstones do not live in the slots: a freed entry's description goes to a
 //! [`Graveyard`], a ring of the most recent ones, searched only when a stale id is used
@@ -14,21 +15,22 @@
 
 use std::collections::VecDeque;
 
-/// A generational id. `uid()` packs it into one `u64` that is never reused.
+/// A generational id: slot index plus the serial number of the entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Id {
     pub index: u32,
-    pub generation: u32,
+    pub generation: u64,
 }
 
 impl Id {
+    /// The entry's serial number: unique over the process's lifetime.
     pub(crate) fn uid(self) -> u64 {
-        ((self.generation as u64) << 32) | self.index as u64
+        self.generation
     }
 }
 
 struct Slot<L> {
-    generation: u32,
+    generation: u64,
     value: Option<L>,
 }
 
@@ -36,6 +38,8 @@ pub(crate) struct Slab<L> {
     slots: Vec<Slot<L>>,
     free: Vec<u32>,
     live: usize,
+    /// The next serial number (the first entry gets 1).
+    next_serial: u64,
 }
 
 impl<L> Slab<L> {
@@ -44,30 +48,34 @@ impl<L> Slab<L> {
             slots: Vec::new(),
             free: Vec::new(),
             live: 0,
+            next_serial: 1,
         }
     }
 
     pub(crate) fn insert(&mut self, value: L) -> Id {
         self.live += 1;
-        if let Some(index) = self.free.pop() {
-            let slot = &mut self.slots[index as usize];
-            debug_assert!(slot.value.is_none() && slot.generation < u32::MAX);
-            slot.generation += 1;
-            slot.value = Some(value);
-            return Id {
-                index,
-                generation: slot.generation,
-            };
-        }
-        let index = u32::try_from(self.slots.len()).expect("more than 2^32 live ids");
-        self.slots.push(Slot {
-            generation: 0,
-            value: Some(value),
-        });
-        Id {
-            index,
-            generation: 0,
-        }
+        let generation = self.next_serial;
+        self.next_serial += 1;
+        let index = match self.free.pop() {
+            Some(index) => {
+                let slot = &mut self.slots[index as usize];
+                debug_assert!(slot.value.is_none());
+                *slot = Slot {
+                    generation,
+                    value: Some(value),
+                };
+                index
+            }
+            None => {
+                let index = u32::try_from(self.slots.len()).expect("more than 2^32 live ids");
+                self.slots.push(Slot {
+                    generation,
+                    value: Some(value),
+                });
+                index
+            }
+        };
+        Id { index, generation }
     }
 
     #[inline]
@@ -100,9 +108,7 @@ impl<L> Slab<L> {
         }
         let v = slot.value.take()?;
         self.live -= 1;
-        if slot.generation < u32::MAX {
-            self.free.push(id.index);
-        }
+        self.free.push(id.index);
         Some(v)
     }
 
@@ -183,17 +189,12 @@ mod tests {
     }
 
     #[test]
-    fn wrapped_generation_retires_the_slot() {
+    fn uids_are_serial_numbers() {
         let mut s: Slab<u32> = Slab::new();
         let a = s.insert(0);
-        s.slots[a.index as usize].generation = u32::MAX;
-        let a = Id {
-            index: a.index,
-            generation: u32::MAX,
-        };
         s.remove(a);
         let b = s.insert(1);
-        assert_ne!(b.index, a.index);
+        assert_eq!((a.uid(), b.uid()), (1, 2));
     }
 
     #[test]
