@@ -19,7 +19,7 @@ pub(crate) use ops::{BinOp, UnOp};
 
 use crate::dtype::{Element, dispatch};
 use crate::engine::{self, Id, kernels};
-use crate::error::{CloseReason, NdError, Result, unwrap};
+use crate::error::{NdError, Result, unwrap};
 use crate::{DType, NDManager, Shape};
 use std::panic::Location;
 
@@ -110,7 +110,7 @@ impl NDArray {
     /// the shared data alive.
     #[track_caller]
     pub fn close(self) {
-        engine::lock().free_array(self.id, Some(Location::caller()), CloseReason::Explicit);
+        engine::lock().free_array(self.id, Some(Location::caller()), engine::Cause::Explicit);
     }
 
     /// The elements in row-major order. `T` must match the dtype (`bool` for Bool).

@@ -469,7 +469,7 @@ impl NDArray {
                 e.free_array(
                     g,
                     Some(std::panic::Location::caller()),
-                    crate::error::CloseReason::Explicit,
+                    crate::engine::Cause::Explicit,
                 );
                 drop(e);
                 PARAMS.lock().retain(|&p| p != self.id);

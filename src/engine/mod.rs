@@ -99,6 +99,27 @@ pub(crate) struct ArrayRec {
     orphaned: Option<SourceLocation>,
 }
 
+/// Why an array was freed, as recorded on the hot path (expanded into a
+/// [`CloseReason`] only when an error reports it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Cause {
+    Explicit,
+    Release,
+    /// The scope opened at this line closed.
+    Scope(SourceLocation),
+    /// This manager closed (its name is looked up when reported).
+    Manager(Id),
+}
+
+/// What a freed array was: the compact tombstone kept in the graveyard.
+struct Tomb {
+    shape: Shape,
+    dtype: DType,
+    created_at: SourceLocation,
+    closed_at: Option<SourceLocation>,
+    cause: Cause,
+}
+
 struct BufMeta {
     buf: Arc<Buffer>,
     /// Arrays viewing this buffer; the first is the one its bytes are charged to.
@@ -138,7 +159,9 @@ pub(crate) struct ScopeRec {
 pub(crate) struct Registry {
     arrays: Slab<ArrayRec>,
     /// What recently freed arrays were, for use-after-close errors.
-    graves: Graveyard<ClosedInfo>,
+    graves: Graveyard<Tomb>,
+    /// Backtraces of recently freed arrays (verbose mode only).
+    traces: Graveyard<(Option<Arc<str>>, Option<Arc<str>>)>,
     buffers: Slab<BufMeta>,
     /// Emptied `Arc<Buffer>` shells kept for reuse, so a new buffer costs no allocation
     /// for its `Arc` (the block itself comes from the caching pool).
@@ -158,6 +181,7 @@ pub(crate) const CLOSED_DETAILS_KEPT: usize = 4096;
 static ENGINE: Mutex<Registry> = Mutex::new(Registry {
     arrays: Slab::new(),
     graves: Graveyard::new(CLOSED_DETAILS_KEPT + 1),
+    traces: Graveyard::new(CLOSED_DETAILS_KEPT + 1),
     buffers: Slab::new(),
     spare_arcs: Vec::new(),
     spare_lists: Vec::new(),
@@ -320,10 +344,37 @@ impl Registry {
 
     #[cold]
     fn closed_error(&self, id: Id) -> NdError {
-        match self.graves.find(id) {
-            Some(info) => NdError::Closed(Box::new(info.clone())),
-            None => NdError::ClosedUnknown { uid: id.uid() },
-        }
+        let Some(t) = self.graves.find(id) else {
+            return NdError::ClosedUnknown { uid: id.uid() };
+        };
+        let reason = match t.cause {
+            Cause::Explicit => CloseReason::Explicit,
+            Cause::Release => CloseReason::Release,
+            Cause::Scope(opened_at) => CloseReason::ScopeClose { opened_at },
+            Cause::Manager(mid) => CloseReason::ManagerClose {
+                manager: match self.managers.get(mid) {
+                    Some(m) => m.name.clone(),
+                    None => match self.manager_closed_error(mid) {
+                        NdError::ManagerClosed { name } => name,
+                        _ => unreachable!(),
+                    },
+                },
+            },
+        };
+        let (created_backtrace, closed_backtrace) =
+            self.traces.find(id).cloned().unwrap_or_default();
+        NdError::Closed(Box::new(ClosedInfo {
+            array: ArrayDesc {
+                uid: id.uid(),
+                shape: t.shape.clone(),
+                dtype: t.dtype,
+                created_at: t.created_at,
+            },
+            closed_at: t.closed_at,
+            reason,
+            created_backtrace,
+            closed_backtrace,
+        }))
     }
 
     #[cold]
@@ -642,17 +693,12 @@ impl Registry {
     }
 
     /// Free an array now, whatever its count. Returns false if it was already dead.
-    pub(crate) fn free_array(
-        &mut self,
-        id: Id,
-        at: Option<SourceLocation>,
-        reason: CloseReason,
-    ) -> bool {
+    pub(crate) fn free_array(&mut self, id: Id, at: Option<SourceLocation>, cause: Cause) -> bool {
         let Some(rec) = self.arrays.remove(id) else {
             return false;
         };
         // A parameter's gradient lives and dies with it.
-        let grad = rec.grad.map(|g| (g, reason.clone()));
+        let grad = rec.grad;
         // Unlink from the manager's list (the record is gone, so fix positions here).
         let list = &mut self
             .managers
@@ -677,23 +723,24 @@ impl Registry {
             None => self.adjust(rec.manager, -1, 0, 0, 0),
         }
         #[cfg(not(feature = "untracked"))]
-        self.graves.bury(
-            id,
-            ClosedInfo {
-                array: ArrayDesc {
-                    uid: id.uid(),
+        {
+            let closed_bt = backtrace();
+            if rec.created_bt.is_some() || closed_bt.is_some() {
+                self.traces.bury(id, (rec.created_bt, closed_bt));
+            }
+            self.graves.bury(
+                id,
+                Tomb {
                     shape: rec.layout.shape,
                     dtype: rec.dtype,
                     created_at: rec.created_at,
+                    closed_at: at,
+                    cause,
                 },
-                closed_at: at,
-                reason,
-                created_backtrace: rec.created_bt,
-                closed_backtrace: backtrace(),
-            },
-        );
-        if let Some((g, reason)) = grad {
-            self.free_array(g, at, reason);
+            );
+        }
+        if let Some(g) = grad {
+            self.free_array(g, at, cause);
         }
         true
     }
@@ -736,7 +783,7 @@ impl Registry {
             && r.scopes.is_empty()
             && let Some(opened_at) = r.orphaned
         {
-            self.free_array(id, None, CloseReason::ScopeClose { opened_at });
+            self.free_array(id, None, Cause::Scope(opened_at));
         }
     }
 
@@ -757,7 +804,7 @@ impl Registry {
         let r = self.array(id)?;
         let count = r.retains + r.scopes.len() as u32;
         if count <= 1 {
-            self.free_array(id, Some(at), CloseReason::Release);
+            self.free_array(id, Some(at), Cause::Release);
             return Ok(true);
         }
         if r.retains > 0 {
@@ -898,13 +945,7 @@ impl Registry {
                     // Kept for a gradient tape; its last `unhold` frees it.
                     r.orphaned = Some(scope.opened_at);
                 } else if r.scopes.is_empty() && r.retains == 0 {
-                    self.free_array(
-                        id,
-                        at,
-                        CloseReason::ScopeClose {
-                            opened_at: scope.opened_at,
-                        },
-                    );
+                    self.free_array(id, at, Cause::Scope(scope.opened_at));
                 }
             }
             resources.extend(scope.resources.into_iter().rev());
@@ -989,18 +1030,16 @@ impl Registry {
         while let Some(&child) = self.managers.get(mid).and_then(|m| m.children.last()) {
             self.close_manager_into(child, at, out);
         }
-        let name = self.managers.get(mid).expect("live").name.clone();
         while let Some(&id) = self.managers.get(mid).and_then(|m| m.arrays.last()) {
             let home = self.array_mut(id).temp_home;
             let returned = home.is_some_and(|h| self.managers.get(h).is_some())
                 && self.attach(id, home.expect("checked")).is_ok();
             if !returned {
-                let manager = name.clone();
-                self.free_array(id, Some(at), CloseReason::ManagerClose { manager });
+                self.free_array(id, Some(at), Cause::Manager(mid));
             }
         }
-        let rec = self.managers.remove(mid).expect("live");
-        self.manager_graves.bury(mid, name);
+        let mut rec = self.managers.remove(mid).expect("live");
+        self.manager_graves.bury(mid, std::mem::take(&mut rec.name));
         out.extend(rec.resources.into_iter().rev());
         if let Some(p) = rec.parent {
             let list = &mut self

@@ -13,8 +13,6 @@
 //! (an error path). The hot path therefore writes one ring entry per free and never
 //! walks cold slots.
 
-use std::collections::VecDeque;
-
 /// A generational id: slot index plus the serial number of the entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Id {
@@ -127,35 +125,37 @@ impl<L> Slab<L> {
     }
 }
 
-/// The descriptions of the last `capacity` freed entries, newest last.
+/// The descriptions of the last `capacity` freed entries: a fixed ring overwritten in
+/// place (no shifting, no reallocation once full).
 pub(crate) struct Graveyard<D> {
-    ring: VecDeque<(Id, D)>,
+    ring: Vec<(Id, D)>,
+    next: usize,
     capacity: usize,
 }
 
 impl<D> Graveyard<D> {
     pub(crate) const fn new(capacity: usize) -> Self {
         Graveyard {
-            ring: VecDeque::new(),
+            ring: Vec::new(),
+            next: 0,
             capacity,
         }
     }
 
     /// Record what `id` was; forgets the oldest record beyond capacity.
+    #[inline]
     pub(crate) fn bury(&mut self, id: Id, tombstone: D) {
-        if self.ring.len() == self.capacity {
-            self.ring.pop_front();
+        if self.ring.len() < self.capacity {
+            self.ring.push((id, tombstone));
+        } else {
+            self.ring[self.next] = (id, tombstone);
         }
-        self.ring.push_back((id, tombstone));
+        self.next = (self.next + 1) % self.capacity;
     }
 
     /// What `id` was, if it is still remembered. O(capacity): error paths only.
     pub(crate) fn find(&self, id: Id) -> Option<&D> {
-        self.ring
-            .iter()
-            .rev()
-            .find(|(i, _)| *i == id)
-            .map(|(_, d)| d)
+        self.ring.iter().find(|(i, _)| *i == id).map(|(_, d)| d)
     }
 }
 
