@@ -111,6 +111,9 @@ pub(crate) enum Cause {
     Manager(Id),
 }
 
+/// Backtraces at creation and at close (verbose mode).
+type Traces = (Option<Arc<str>>, Option<Arc<str>>);
+
 /// What a freed array was: the compact tombstone kept in the graveyard.
 struct Tomb {
     shape: Shape,
@@ -161,7 +164,7 @@ pub(crate) struct Registry {
     /// What recently freed arrays were, for use-after-close errors.
     graves: Graveyard<Tomb>,
     /// Backtraces of recently freed arrays (verbose mode only).
-    traces: Graveyard<(Option<Arc<str>>, Option<Arc<str>>)>,
+    traces: Graveyard<Traces>,
     buffers: Slab<BufMeta>,
     /// Emptied `Arc<Buffer>` shells kept for reuse, so a new buffer costs no allocation
     /// for its `Arc` (the block itself comes from the caching pool).
