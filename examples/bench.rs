@@ -1,7 +1,9 @@
 //! Micro-benchmarks behind the performance table in `BENCHMARKS.md`.
 //!
 //! Run: `cargo run --release --example bench -- --json` (one JSON line; without
-//! `--json` a readable table). `--quick` runs fewer repeats (for CI smoke runs).
+//! `--json` a readable table). `--quick` is a smoke run for CI (tiny sizes and few
+//! repeats, so it also runs in debug builds and under valgrind): its figures mean
+//! nothing.
 //! Every figure is the median over repeats of a timing loop.
 
 use ndscope::{DType, NDArray, NDManager};
@@ -48,7 +50,9 @@ fn op_then_close(f: impl Fn() -> NDArray) -> impl FnMut() {
 fn main() {
     let json = std::env::args().any(|a| a == "--json");
     let quick = std::env::args().any(|a| a == "--quick");
-    let r = if quick { 3 } else { 15 };
+    let r = if quick { 1 } else { 15 };
+    // Iteration counts and sizes shrink by this factor in quick mode.
+    let it = |n: usize| if quick { (n / 1000).max(1) } else { n };
     // `--only NAME` runs one workload (for profiling); the others report 0.
     let args: Vec<String> = std::env::args().collect();
     let only = args
@@ -61,7 +65,7 @@ fn main() {
     let a = m.random_uniform(0.0, 1.0, [10], DType::F32);
     let b = m.random_uniform(0.0, 1.0, [10], DType::F32);
     let add10_ns = if run("add10") {
-        median_ns(r, 200_000, op_then_close(|| a + b))
+        median_ns(r, it(200_000), op_then_close(|| a + b))
     } else {
         0.0
     };
@@ -69,10 +73,10 @@ fn main() {
     // The same op with 1,000,000 arrays live in another manager: must cost the same.
     let add10_1m_live_ns = if run("add10_1M_live") {
         let other = NDManager::new();
-        for _ in 0..1_000_000 {
+        for _ in 0..it(1_000_000) {
             other.zeros([1], DType::F32);
         }
-        let t = median_ns(r, 200_000, op_then_close(|| a + b));
+        let t = median_ns(r, it(200_000), op_then_close(|| a + b));
         other.close();
         t
     } else {
@@ -82,13 +86,13 @@ fn main() {
     // Scope overhead: 1000 small arrays created in a scope and freed by its close,
     // against the same arrays created and closed one by one.
     let (scoped_ns, unscoped_ns) = if run("scope") {
-        let scoped = median_ns(r, 200, || {
+        let scoped = median_ns(r, it(200), || {
             let _s = ndscope::NDScope::new();
             for _ in 0..1000 {
                 m.zeros([4], DType::F32);
             }
         }) / 1000.0;
-        let unscoped = median_ns(r, 200, || {
+        let unscoped = median_ns(r, it(200), || {
             for _ in 0..1000 {
                 m.zeros([4], DType::F32).close();
             }
@@ -101,7 +105,7 @@ fn main() {
     let x = m.random_uniform(0.0, 1.0, [1000, 2], DType::F32);
     let w = m.random_uniform(0.0, 1.0, [2, 1], DType::F32);
     let matmul_small_us = if run("matmul_small") {
-        median_ns(r, 20_000, op_then_close(|| x.matmul(w))) / 1e3
+        median_ns(r, it(20_000), op_then_close(|| x.matmul(w))) / 1e3
     } else {
         0.0
     };
@@ -112,7 +116,7 @@ fn main() {
         let xs = m.random_normal(0.0, 1.0, [64, 2], DType::F32);
         let ys = m.random_normal(0.0, 1.0, [64, 1], DType::F32);
         let w = m.zeros([2, 1], DType::F32);
-        median_ns(r, 20_000, || {
+        median_ns(r, it(20_000), || {
             let _s = ndscope::NDScope::new();
             let err = xs.matmul(w) - ys;
             black_box(err.square().mean());
@@ -123,7 +127,7 @@ fn main() {
         0.0
     };
 
-    let n = 1usize << 24;
+    let n = if quick { 1usize << 12 } else { 1usize << 24 };
     let big = run("add16M") || run("sum16M");
     let big_n = if big { n } else { 1 };
     let big_a = m.random_uniform(0.0, 1.0, [big_n], DType::F32);
@@ -141,7 +145,11 @@ fn main() {
         0.0
     };
 
-    let k = if run("matmul2048") { 2048 } else { 1 };
+    let k = match (run("matmul2048"), quick) {
+        (false, _) => 1,
+        (true, true) => 64,
+        (true, false) => 2048,
+    };
     let ma = m.random_uniform(0.0, 1.0, [k, k], DType::F32);
     let mb = m.random_uniform(0.0, 1.0, [k, k], DType::F32);
     let mm_r = if quick { 1 } else { 5 };
