@@ -696,6 +696,7 @@ impl Registry {
     }
 
     /// Free an array now, whatever its count. Returns false if it was already dead.
+    #[cfg_attr(feature = "untracked", allow(clippy::only_used_in_recursion))]
     pub(crate) fn free_array(&mut self, id: Id, at: Option<SourceLocation>, cause: Cause) -> bool {
         let Some(rec) = self.arrays.remove(id) else {
             return false;
