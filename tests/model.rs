@@ -1133,7 +1133,8 @@ impl Model {
             self.bulk = Some(self.frees);
             for &i in &ids {
                 let escaped = mode == 2 && i == loss_id;
-                if !escaped && !(held_p && Some(i) == p_id) {
+                let kept = escaped || (held_p && Some(i) == p_id);
+                if !kept {
                     self.free(i, Why::Scope(at), false);
                 }
             }
