@@ -6,7 +6,15 @@
 //! order, by `close()` or by drop), `scope(|| ..)`, escape, scope attach, unregister /
 //! keep, retain, release, close an array, close a manager, new sub-manager, attach,
 //! detach, temp_attach, cap, uses of freed arrays, and a churn of more than 4096 frees
-//! (so that old tombstones are recycled and `ClosedUnknown` is exercised).
+//! (so that old tombstones are recycled and `ClosedUnknown` is exercised); autograd:
+//! `set_requires_gradient(true/false)` (the gradient is a model array owned by the
+//! parameter's manager, in no scope, freed with the parameter for the same reason) and a
+//! `GradientCollector` around `x.square().sum()`, `(x * y).sum()` or
+//! `(x * y).square().sum()`, in the current scope or an inner one closed after
+//! `backward`, before it (loss escaped, or not: `Closed`), or with no `backward` at all;
+//! gradient values are checked by the chain rule (others zeroed by the collector),
+//! intermediates the tape held are freed when it lets go, and backward's own arrays
+//! (counted by uid) are freed.
 //!
 //! After every step: each array's liveness, owner, shape and ref count; each manager's
 //! open/capped state, direct arrays, children (in order) and `memory()` counters (live
