@@ -49,12 +49,21 @@ pub(super) fn run(nodes: &[Node], tracked: &super::IdSet, loss: NDArray) -> Resu
             }
         }
     }
-    // What is left are leaves: add the parameters' gradients in place.
-    for (id, g) in grads {
-        let Some(pg) = engine::lock().grad(id).ok().flatten() else {
-            continue;
-        };
-        NDArray { id: pg }.try_addi(g)?;
+    // What is left are leaves: add into the parameters' gradients in place, all or
+    // nothing: if one gradient array was freed (e.g. with a manager the parameter has
+    // left), fail before changing any of them.
+    let updates: Vec<(NDArray, NDArray)> = grads
+        .into_iter()
+        .filter_map(|(id, g)| {
+            let pg = engine::lock().grad(id).ok().flatten()?;
+            Some((NDArray { id: pg }, g))
+        })
+        .collect();
+    for (pg, _) in &updates {
+        pg.try_shape()?;
+    }
+    for (pg, g) in updates {
+        pg.try_addi(g)?;
     }
     Ok(())
 }
