@@ -122,6 +122,27 @@
 //! assert_eq!(profile.ops.len(), 2);
 //! ```
 //!
+//! ### Autograd
+//!
+//! ```
+//! use ndscope::{DType, GradientCollector, NDManager, NDScope};
+//! let params = NDManager::new();
+//! let w = params.create(&[1.0f32, -2.0], [2, 1]).set_requires_gradient(true);
+//! let x = params.create(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+//! for _step in 0..3 {
+//!     let _s = NDScope::new();                  // frees the step's intermediates
+//!     {
+//!         let gc = GradientCollector::new();    // zeroes the gradients, records ops
+//!         let loss = x.matmul(w).square().sum();
+//!         gc.backward(loss)?;
+//!     }
+//!     let mut w = w;
+//!     w -= w.gradient() * 0.01;                 // `gradient()` is the same handle every time
+//! }
+//! assert_eq!(params.memory().live_arrays, 3);   // w, its gradient, x
+//! # Ok::<(), ndscope::NdError>(())
+//! ```
+//!
 //! ### Errors and panics
 //!
 //! Every op has a `try_*` form returning [`Result`]`<NDArray, NdError>`; the operator
