@@ -1191,7 +1191,6 @@ fn register_output(
     inputs: &[Id],
     at: SourceLocation,
 ) -> Result<Id> {
-    let _ = inputs;
     match out {
         Output::New { buf, shape, dtype } => {
             g.insert_array(mgr, Data::New(buf), Layout::contiguous(shape), dtype, at)
