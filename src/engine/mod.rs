@@ -260,6 +260,8 @@ pub(crate) struct Operand<'a> {
     pub id: Id,
     pub created_at: SourceLocation,
     buffer_id: Id,
+    /// The owning manager (an op's result goes to its first input's).
+    manager: Id,
 }
 
 impl Operand<'_> {
@@ -474,6 +476,7 @@ impl Registry {
             id,
             created_at: r.created_at,
             buffer_id: r.buffer,
+            manager: r.manager,
         })
     }
 
@@ -1118,7 +1121,8 @@ fn run_op_inner(
     for &id in inputs {
         ops.push(g.operand(id)?);
     }
-    let mgr = g.array(inputs[0])?.manager;
+    // Resolved above, so `ops[0]` exists; its manager owns the result.
+    let mgr = ops[0].manager;
     g.accepts(mgr)?;
     let work: usize = ops.iter().map(|o| o.layout.size()).sum();
     if work < OUTSIDE_LOCK_WORK {
@@ -1140,6 +1144,7 @@ fn run_op_inner(
                 id: o.id,
                 created_at: o.created_at,
                 buffer_id: o.buffer_id,
+                manager: o.manager,
             }
         })
         .collect();
@@ -1155,6 +1160,7 @@ fn run_op_inner(
                 id: s.id,
                 created_at: s.created_at,
                 buffer_id: s.buffer_id,
+                manager: s.manager,
             })
             .collect();
         f(&ops)
@@ -1181,6 +1187,7 @@ struct Snapshot {
     id: Id,
     created_at: SourceLocation,
     buffer_id: Id,
+    manager: Id,
 }
 
 fn register_output(
