@@ -5,7 +5,7 @@ use crate::diag::{MemoryStats, human_bytes};
 #[allow(unused_imports)]
 use crate::dtype::Element as _;
 use crate::dtype::{Element, Native, dispatch};
-use crate::engine::{self, Id, Resource, storage::new_filled};
+use crate::engine::{self, MgrId, Resource, storage::new_filled};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use crate::random;
 use crate::{DType, NDArray, Shape};
@@ -30,7 +30,7 @@ use std::panic::Location;
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct NDManager {
-    pub(crate) id: Id,
+    pub(crate) id: MgrId,
 }
 
 impl std::fmt::Debug for NDManager {
@@ -95,14 +95,13 @@ impl NDManager {
 
     /// A new child of this manager, or `ManagerClosed`.
     pub fn try_new_sub_manager(&self) -> Result<NDManager> {
-        let id = engine::lock().new_manager(self.id, None)?;
+        let id = engine::new_manager(self.id, None)?;
         Ok(NDManager { id })
     }
 
     /// The parent manager (`None` for the system manager or a closed manager).
     pub fn parent(&self) -> Option<NDManager> {
-        engine::lock()
-            .manager_parent(self.id)
+        engine::manager_parent(self.id)
             .ok()
             .flatten()
             .map(|id| NDManager { id })
@@ -110,70 +109,57 @@ impl NDManager {
 
     /// The open sub-managers, in creation order except where closes reordered them.
     pub fn children(&self) -> Vec<NDManager> {
-        let g = engine::lock();
-        g.manager_children(self.id)
-            .map(|c| c.iter().map(|&id| NDManager { id }).collect())
+        engine::manager_children(self.id)
+            .map(|c| c.into_iter().map(|id| NDManager { id }).collect())
             .unwrap_or_default()
     }
 
     /// The arrays this manager owns directly (not those of sub-managers).
     pub fn arrays(&self) -> Vec<NDArray> {
-        let g = engine::lock();
-        g.manager_arrays(self.id)
-            .map(|c| c.iter().map(|&id| NDArray { id }).collect())
+        engine::manager_arrays(self.id)
+            .map(|c| c.into_iter().map(|id| NDArray { id }).collect())
             .unwrap_or_default()
     }
 
     /// The manager's name (`manager#N` unless set; kept after close).
     pub fn name(&self) -> String {
-        let g = engine::lock();
-        match g.manager(self.id) {
-            Ok(m) => m.name.clone(),
-            Err(NdError::ManagerClosed { name }) => name,
-            Err(_) => unreachable!("manager lookups fail only with ManagerClosed"),
-        }
+        engine::manager_name_of(self.id)
     }
 
     /// Rename the manager (shown in diagnostics).
     pub fn set_name(&self, name: impl Into<String>) {
-        if let Ok(m) = engine::lock().manager_mut(self.id) {
-            m.name = name.into();
-        }
+        engine::set_manager_name(self.id, name.into());
     }
 
     /// Whether the manager is open.
     pub fn is_open(&self) -> bool {
-        engine::lock().manager(self.id).is_ok()
+        engine::manager_name(self.id).is_ok()
     }
 
     /// Close the manager: its sub-managers close first (recursively), then every array
     /// it owns is freed (arrays temporarily attached here return to their home manager
     /// instead), then its attached resources close. Idempotent. The parent forgets it at
-    /// once. Does nothing on the system manager.
+    /// once. Does nothing on the system manager. Safe to call from any thread, also
+    /// while other threads use the manager's arrays.
     #[track_caller]
     pub fn close(&self) {
-        let at = Location::caller();
-        let resources = engine::lock().close_manager(self.id, at);
-        engine::close_resources(resources);
+        engine::close_manager(self.id, Location::caller());
     }
 
     /// Stop this manager from taking new arrays (creating in it, or attaching to it,
     /// becomes `ManagerCapped`); its sub-managers keep working.
     pub fn cap(&self) {
-        if let Ok(m) = engine::lock().manager_mut(self.id) {
-            m.capped = true;
-        }
+        engine::cap_manager(self.id);
     }
 
     /// Whether the manager is capped.
     pub fn is_capped(&self) -> bool {
-        engine::lock().manager(self.id).is_ok_and(|m| m.capped)
+        engine::is_capped(self.id)
     }
 
     /// Counters for this manager and its whole subtree (zero once closed).
     pub fn memory(&self) -> MemoryStats {
-        engine::lock()
-            .stats(self.id)
+        engine::stats(self.id)
             .map(MemoryStats::from_stats)
             .unwrap_or_default()
     }
@@ -181,7 +167,7 @@ impl NDManager {
     /// Attach a resource: it is closed when this manager closes. If the manager is
     /// already closed the resource is closed at once and `ManagerClosed` returned.
     pub fn attach_resource(&self, resource: impl Resource + 'static) -> Result<()> {
-        let r = engine::lock().manager_add_resource(self.id, Box::new(resource));
+        let r = engine::manager_add_resource(self.id, Box::new(resource));
         match r {
             Ok(()) => Ok(()),
             Err((e, mut r)) => {
@@ -195,25 +181,27 @@ impl NDManager {
     /// its direct array count and subtree counts and bytes, followed by its top three
     /// creation sites.
     pub fn debug_dump(&self) -> String {
-        let g = engine::lock();
+        let Ok(tree) = engine::manager_tree(self.id) else {
+            return format!("{} (closed)\n", self.name());
+        };
         let mut out = String::new();
-        fn walk(g: &engine::Registry, id: Id, depth: usize, out: &mut String) {
-            let Ok(m) = g.manager(id) else { return };
-            let direct = g.manager_arrays(id).map(|a| a.len()).unwrap_or(0);
+        for (id, depth, name, capped) in tree {
+            let direct = engine::manager_arrays(id).map(|a| a.len()).unwrap_or(0);
+            let s = engine::stats(id).unwrap_or_default();
             let _ = writeln!(
                 out,
                 "{:indent$}{}{}: {} arrays here, subtree {} arrays / {} buffers / {} (peak {})",
                 "",
-                m.name,
-                if m.capped { " [capped]" } else { "" },
+                name,
+                if capped { " [capped]" } else { "" },
                 direct,
-                m.stats.arrays,
-                m.stats.buffers,
-                human_bytes(m.stats.bytes),
-                human_bytes(m.stats.peak),
+                s.arrays,
+                s.buffers,
+                human_bytes(s.bytes),
+                human_bytes(s.peak),
                 indent = depth * 2
             );
-            let sites = crate::diag::leaks::report(g, id, false).sites;
+            let sites = crate::diag::leaks::report(id, false).sites;
             for site in sites.iter().take(3) {
                 let _ = writeln!(
                     out,
@@ -225,23 +213,8 @@ impl NDManager {
                     indent = depth * 2
                 );
             }
-            for &c in g.manager_children(id).unwrap_or(&[]) {
-                walk(g, c, depth + 1, out);
-            }
         }
-        if g.manager(self.id).is_err() {
-            return format!("{} (closed)\n", self.name_locked(&g));
-        }
-        walk(&g, self.id, 0, &mut out);
         out
-    }
-
-    fn name_locked(&self, g: &engine::Registry) -> String {
-        match g.manager(self.id) {
-            Ok(m) => m.name.clone(),
-            Err(NdError::ManagerClosed { name }) => name,
-            Err(_) => String::new(),
-        }
     }
 
     // ------------------------------------------------------------ creation
@@ -255,7 +228,7 @@ impl NDManager {
         f: impl Fn(usize) -> f64,
     ) -> Result<NDArray> {
         let n = check_shape(op, &shape, dtype)?;
-        engine::lock().manager(self.id)?; // fail fast before filling a buffer
+        engine::check_manager(self.id)?; // fail fast before filling a buffer
         let buf = filled(n, dtype, f)?;
         Ok(NDArray {
             id: engine::create(self.id, buf, shape, dtype, at)?,
@@ -291,7 +264,7 @@ impl NDManager {
                 ),
             ));
         }
-        engine::lock().manager(self.id)?;
+        engine::check_manager(self.id)?;
         let buf = dispatch!(T::DTYPE, N => new_filled::<N>(n, |out| {
             for (o, &x) in out.iter_mut().zip(data) {
                 *o = if T::DTYPE.is_float() { N::from_f64(x.elem_to_f64()) } else { N::from_i64(x.elem_to_i64()) };
@@ -492,7 +465,7 @@ impl NDManager {
         let shape = shape.into();
         let n = check_shape("random_integer", &shape, dtype)?;
         let values = random::integers(low, high, n)?;
-        engine::lock().manager(self.id)?;
+        engine::check_manager(self.id)?;
         let buf = dispatch!(dtype, T => new_filled::<T>(n, |out| {
             for (o, &v) in out.iter_mut().zip(&values) {
                 *o = T::from_i64(v);

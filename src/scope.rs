@@ -20,7 +20,7 @@
 //! ```
 
 use crate::diag::MemoryStats;
-use crate::engine::{self, Id, Resource};
+use crate::engine::{self, Resource, ScopeId};
 use crate::error::{Result, unwrap};
 use crate::{NDArray, NDManager, NdError};
 use std::collections::{BTreeMap, HashMap};
@@ -39,7 +39,7 @@ use std::panic::Location;
 /// std::thread::spawn(move || drop(s)); // NDScope is !Send
 /// ```
 pub struct NDScope {
-    id: Id,
+    id: ScopeId,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -48,7 +48,7 @@ impl NDScope {
     #[track_caller]
     #[allow(clippy::new_without_default)]
     pub fn new() -> NDScope {
-        let id = engine::lock().open_scope(Location::caller());
+        let id = engine::open_scope(Location::caller());
         NDScope {
             id,
             _not_send: PhantomData,
@@ -65,7 +65,7 @@ impl NDScope {
 
     /// [`NDScope::escape`], or `Closed` for a freed array.
     pub fn try_escape(&self, array: NDArray) -> Result<NDArray> {
-        engine::lock().escape(self.id, array.id)?;
+        engine::escape(self.id, array.id)?;
         Ok(array)
     }
 
@@ -78,9 +78,7 @@ impl NDScope {
 
     /// [`NDScope::attach`], or `Closed`.
     pub fn try_attach(&self, array: NDArray) -> Result<NDArray> {
-        let mut g = engine::lock();
-        g.array(array.id)?;
-        g.register(self.id, array.id);
+        engine::register(self.id, array.id)?;
         Ok(array)
     }
 
@@ -88,14 +86,14 @@ impl NDScope {
     /// owns it then. Same as [`NDArray::keep`].
     #[track_caller]
     pub fn unregister(array: NDArray) -> NDArray {
-        unwrap(engine::lock().unregister_all(array.id));
+        unwrap(engine::unregister_all(array.id));
         array
     }
 
     /// Close a resource when this scope closes (after its arrays are freed). If the
     /// scope is closed already, the resource is closed at once.
     pub fn attach_resource(&self, resource: impl Resource + 'static) {
-        let r = engine::lock().scope_add_resource(self.id, Box::new(resource));
+        let r = engine::scope_add_resource(self.id, Box::new(resource));
         if let Err(mut r) = r {
             r.close();
         }
@@ -103,43 +101,26 @@ impl NDScope {
 
     /// The arrays registered in this scope now.
     pub fn arrays(&self) -> Vec<NDArray> {
-        let g = engine::lock();
-        g.scope_arrays(self.id)
-            .iter()
-            .map(|&id| NDArray { id })
+        engine::scope_arrays(self.id)
+            .into_iter()
+            .map(|id| NDArray { id })
             .collect()
     }
 
     /// Counters for the arrays registered in this scope (`peak_bytes` is their current
     /// bytes; buffers shared by several of them count once).
     pub fn memory(&self) -> MemoryStats {
-        let g = engine::lock();
-        let ids = g.scope_arrays(self.id);
-        let mut seen = std::collections::HashSet::new();
-        let mut stats = MemoryStats {
-            live_arrays: ids.len(),
-            ..MemoryStats::default()
-        };
-        for &id in ids {
-            if let Ok(o) = g.operand(id)
-                && seen.insert(o.buffer_addr())
-            {
-                stats.live_buffers += 1;
-                stats.live_bytes += o.buffer_bytes();
-            }
-        }
-        stats.peak_bytes = stats.live_bytes;
-        stats
+        MemoryStats::from_stats(engine::scope_stats(self.id))
     }
 
     /// Whether the scope is still open.
     pub fn is_open(&self) -> bool {
-        engine::lock().scope_rec(self.id).is_some()
+        engine::scope_opened_at(self.id).is_some()
     }
 
     /// Where the scope was opened.
     pub fn opened_at(&self) -> Option<&'static Location<'static>> {
-        engine::lock().scope_rec(self.id).map(|s| s.opened_at)
+        engine::scope_opened_at(self.id)
     }
 
     /// Close the scope now (and any scope opened inside it that is still open): frees
@@ -151,7 +132,7 @@ impl NDScope {
     }
 
     fn close_at(&self, at: Option<&'static Location<'static>>) {
-        let resources = engine::lock().close_scope(self.id, at);
+        let resources = engine::close_scope(self.id, at);
         match resources {
             Ok(r) => engine::close_resources(r),
             // Unreachable for a !Send guard on its own thread; never panic in drop.
@@ -189,11 +170,8 @@ pub fn scope<R: Escape>(f: impl FnOnce() -> R) -> R {
     // lock (it may use ndscope, or panic before every array was visited).
     let mut arrays = smallvec::SmallVec::<[NDArray; 4]>::new();
     r.visit_arrays(&mut |a| arrays.push(a));
-    {
-        let mut g = engine::lock();
-        for a in arrays {
-            let _ = g.escape(s.id, a.id);
-        }
+    for a in arrays {
+        let _ = engine::escape(s.id, a.id);
     }
     s.close_at(Some(at));
     std::mem::forget(s);

@@ -227,10 +227,7 @@ impl NDArray {
 }
 
 fn dot_impl(x: NDArray, y: NDArray, at: SourceLocation) -> Result<NDArray> {
-    let scalar = {
-        let g = engine::lock();
-        g.array(x.id)?.layout.shape.ndim() == 0 || g.array(y.id)?.layout.shape.ndim() == 0
-    };
+    let scalar = engine::shape(x.id)?.ndim() == 0 || engine::shape(y.id)?.ndim() == 0;
     if scalar {
         binary(x, BinOp::Mul, Rhs::Array(y), false, at)
     } else {

@@ -1,6 +1,7 @@
 //! [`NDArray`]: the `Copy` handle to an engine-owned array.
 //!
-//! The handle is a 16-byte generational id (slot index and serial number); all data and metadata live in the engine.
+//! The handle is a 16-byte generational id (shard, slot index and serial number); all data
+//! and metadata live in the engine.
 //! Copying a handle does not copy data and does not change ownership or counts: the
 //! array lives until its manager closes, the scope it is registered in closes, or it is
 //! closed or released explicitly (see the crate docs for the rules).
@@ -18,7 +19,7 @@ pub use ops::Rhs;
 pub(crate) use ops::{BinOp, UnOp};
 
 use crate::dtype::{Element, dispatch};
-use crate::engine::{self, Id, kernels};
+use crate::engine::{self, ArrayId, kernels};
 use crate::error::{NdError, Result, unwrap};
 use crate::{DType, NDManager, Shape};
 use std::panic::Location;
@@ -41,9 +42,9 @@ use std::panic::Location;
 /// assert_eq!(d.to_vec::<f32>()?, vec![1.0, 3.0, 5.0]);
 /// # Ok::<(), ndscope::NdError>(())
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct NDArray {
-    pub(crate) id: Id,
+    pub(crate) id: ArrayId,
 }
 
 const _: () = assert!(std::mem::size_of::<NDArray>() <= 16);
@@ -62,7 +63,7 @@ impl NDArray {
 
     /// The shape, or `Closed`.
     pub fn try_shape(self) -> Result<Shape> {
-        Ok(engine::lock().array(self.id)?.layout.shape.clone())
+        engine::shape(self.id)
     }
 
     /// The dtype. Panics if the array is closed.
@@ -73,7 +74,7 @@ impl NDArray {
 
     /// The dtype, or `Closed`.
     pub fn try_dtype(self) -> Result<DType> {
-        Ok(engine::lock().array(self.id)?.dtype)
+        engine::dtype(self.id)
     }
 
     /// Number of elements. Panics if the array is closed.
@@ -97,20 +98,20 @@ impl NDArray {
     /// The owning manager, or `Closed`.
     pub fn try_manager(self) -> Result<NDManager> {
         Ok(NDManager {
-            id: engine::lock().array(self.id)?.manager,
+            id: engine::manager_of(self.id)?,
         })
     }
 
     /// Whether the array has been freed.
     pub fn is_closed(self) -> bool {
-        !engine::lock().is_live(self.id)
+        !engine::is_live(self.id)
     }
 
     /// Free the array now, whatever its reference count. Idempotent. Views of it keep
     /// the shared data alive.
     #[track_caller]
     pub fn close(self) {
-        engine::lock().free_array(self.id, Some(Location::caller()), engine::Cause::Explicit);
+        engine::close_array(self.id, Location::caller());
     }
 
     /// The elements in row-major order. `T` must match the dtype (`bool` for Bool).
@@ -138,7 +139,7 @@ impl NDArray {
     pub fn to_scalar<T: Element>(self) -> Result<T> {
         let v = self.to_vec::<T>()?;
         if v.len() != 1 {
-            let array = engine::lock().desc(self.id)?;
+            let array = engine::desc(self.id)?;
             return Err(NdError::Index {
                 op: "to_scalar",
                 msg: format!("{} elements, expected exactly 1", v.len()),
@@ -157,7 +158,7 @@ impl NDArray {
 
     /// [`NDArray::detach`], or `Closed`.
     pub fn try_detach(self) -> Result<NDArray> {
-        engine::lock().attach(self.id, engine::SYSTEM)?;
+        engine::attach(self.id, engine::SYSTEM)?;
         Ok(self)
     }
 
@@ -169,7 +170,7 @@ impl NDArray {
 
     /// [`NDArray::attach`], or `Closed` / `ManagerClosed` / `ManagerCapped`.
     pub fn try_attach(self, manager: &NDManager) -> Result<NDArray> {
-        engine::lock().attach(self.id, manager.id)?;
+        engine::attach(self.id, manager.id)?;
         Ok(self)
     }
 
@@ -182,7 +183,7 @@ impl NDArray {
 
     /// [`NDArray::temp_attach`], or an error.
     pub fn try_temp_attach(self, manager: &NDManager) -> Result<NDArray> {
-        engine::lock().temp_attach(self.id, manager.id)?;
+        engine::temp_attach(self.id, manager.id)?;
         Ok(self)
     }
 
@@ -196,7 +197,7 @@ impl NDArray {
 
     /// [`NDArray::retain`], or `Closed`.
     pub fn try_retain(self) -> Result<u32> {
-        engine::lock().retain(self.id)
+        engine::retain(self.id)
     }
 
     /// Drop a reference; frees the array when none is left (so one `release()` frees an
@@ -209,7 +210,7 @@ impl NDArray {
     /// [`NDArray::release`], or `Closed` for an array already freed.
     #[track_caller]
     pub fn try_release(self) -> Result<bool> {
-        engine::lock().release(self.id, Location::caller())
+        engine::release(self.id, Location::caller())
     }
 
     /// Scope registrations plus outstanding retains.
@@ -220,13 +221,13 @@ impl NDArray {
 
     /// [`NDArray::ref_count`], or `Closed`.
     pub fn try_ref_count(self) -> Result<u32> {
-        engine::lock().ref_count(self.id)
+        engine::ref_count(self.id)
     }
 }
 
 impl std::fmt::Debug for NDArray {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match engine::lock().desc(self.id) {
+        match engine::desc(self.id) {
             Ok(d) => write!(f, "NDArray(#{} {}{})", d.uid, d.dtype, d.shape),
             Err(_) => write!(f, "NDArray(#{} closed)", self.uid()),
         }

@@ -7,7 +7,7 @@
 
 use super::{IdMap, Node, ReduceKind, Rule};
 use crate::array::{BinOp, UnOp};
-use crate::engine::{self, Id};
+use crate::engine::{self, ArrayId};
 use crate::error::{NdError, Result};
 use crate::shape::Dims;
 use crate::{NDArray, Shape};
@@ -21,7 +21,7 @@ pub(super) fn run(nodes: &[Node], tracked: &super::IdSet, loss: NDArray) -> Resu
         let (shape, dtype) = (loss.try_shape()?, loss.try_dtype()?);
         loss.try_manager()?.try_ones(shape, dtype)?
     };
-    let loss_is_param = engine::lock().is_param(loss.id);
+    let loss_is_param = engine::is_param(loss.id);
     if !tracked.contains(&loss.id) && !loss_is_param {
         return Err(NdError::invalid(
             "backward",
@@ -55,7 +55,7 @@ pub(super) fn run(nodes: &[Node], tracked: &super::IdSet, loss: NDArray) -> Resu
     let updates: Vec<(NDArray, NDArray)> = grads
         .into_iter()
         .filter_map(|(id, g)| {
-            let pg = engine::lock().grad(id).ok().flatten()?;
+            let pg = engine::grad(id).ok().flatten()?;
             Some((NDArray { id: pg }, g))
         })
         .collect();
@@ -146,7 +146,7 @@ fn swap_last(x: NDArray) -> Result<NDArray> {
     x.try_permute(&perm)
 }
 
-fn arr(id: Id) -> NDArray {
+fn arr(id: ArrayId) -> NDArray {
     NDArray { id }
 }
 

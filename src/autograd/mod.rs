@@ -57,11 +57,10 @@
 pub(crate) mod backward;
 
 use crate::dtype::{ScalarValue, dispatch};
-use crate::engine::{self, Id, kernels};
+use crate::engine::{self, ArrayId, kernels};
 use crate::error::{NdError, Result, unwrap};
 use crate::shape::Dims;
 use crate::{NDArray, NDScope, Shape};
-use parking_lot::Mutex;
 use smallvec::SmallVec;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -167,13 +166,13 @@ pub(crate) fn scalar_f64(s: ScalarValue) -> f64 {
 /// One recorded op.
 pub(crate) struct Node {
     pub rule: Rule,
-    pub inputs: SmallVec<[Id; 3]>,
+    pub inputs: SmallVec<[ArrayId; 3]>,
     pub shapes: SmallVec<[Shape; 3]>,
     /// Bit `i`: input `i` needs a gradient (it is tracked).
     pub needs: u8,
-    pub output: Id,
+    pub output: ArrayId,
     /// Arrays this node holds (released when the tape is dropped).
-    held: SmallVec<[Id; 3]>,
+    held: SmallVec<[ArrayId; 3]>,
 }
 
 /// A fast hasher for ids (already well-mixed generational indices).
@@ -197,8 +196,8 @@ impl Hasher for IdHasher {
     }
 }
 
-pub(crate) type IdMap<V> = HashMap<Id, V, BuildHasherDefault<IdHasher>>;
-pub(crate) type IdSet = HashSet<Id, BuildHasherDefault<IdHasher>>;
+pub(crate) type IdMap<V> = HashMap<ArrayId, V, BuildHasherDefault<IdHasher>>;
+pub(crate) type IdSet = HashSet<ArrayId, BuildHasherDefault<IdHasher>>;
 
 /// This thread's recording.
 #[derive(Default)]
@@ -214,13 +213,11 @@ impl Tape {
         if self.nodes.is_empty() {
             return;
         }
-        let mut g = engine::lock();
         for n in self.nodes.drain(..) {
             for id in n.held {
-                g.unhold(id);
+                engine::unhold(id);
             }
         }
-        drop(g);
         self.tracked.clear();
     }
 }
@@ -233,13 +230,10 @@ thread_local! {
     static TAPE: RefCell<Tape> = RefCell::new(Tape::default());
 }
 
-/// Every array that requires a gradient (dead ones are pruned when a collector starts).
-static PARAMS: Mutex<Vec<Id>> = Mutex::new(Vec::new());
-
 /// Record op `rule` with `inputs` and result `output` on this thread's tape, if a
 /// collector is recording and an input is tracked. One thread-local read otherwise.
 #[inline]
-pub(crate) fn record(inputs: &[Id], output: Id, rule: impl FnOnce() -> Rule) {
+pub(crate) fn record(inputs: &[ArrayId], output: ArrayId, rule: impl FnOnce() -> Rule) {
     if RECORDING.with(Cell::get) {
         record_slow(inputs, output, rule());
     }
@@ -247,41 +241,31 @@ pub(crate) fn record(inputs: &[Id], output: Id, rule: impl FnOnce() -> Rule) {
 
 #[cold]
 #[inline(never)]
-fn record_slow(inputs: &[Id], output: Id, rule: Rule) {
+fn record_slow(inputs: &[ArrayId], output: ArrayId, rule: Rule) {
     TAPE.with(|t| {
         let mut t = t.borrow_mut();
-        let mut g = engine::lock();
-        let mut needs = 0u8;
+        let Some((params, shapes, float)) = engine::tape_info(inputs, output) else {
+            return;
+        };
+        let mut needs = params;
         for (i, id) in inputs.iter().enumerate() {
-            if t.tracked.contains(id) || g.is_param(*id) {
+            if t.tracked.contains(id) {
                 needs |= 1 << i;
             }
         }
-        if needs == 0 {
-            return;
-        }
-        match g.array(output) {
-            Ok(r) if r.dtype.is_float() => {}
-            _ => return, // integer/bool results carry no gradient
-        }
-        let mut shapes = SmallVec::new();
-        for &id in inputs {
-            match g.array(id) {
-                Ok(r) => shapes.push(r.layout.shape.clone()),
-                Err(_) => return,
-            }
+        if needs == 0 || !float {
+            return; // integer/bool results carry no gradient
         }
         let (mask, out) = rule.saves(inputs.len());
         let mut held = SmallVec::new();
         for (i, &id) in inputs.iter().enumerate() {
-            if mask & (1 << i) != 0 && g.hold(id).is_ok() {
+            if mask & (1 << i) != 0 && engine::hold(id).is_ok() {
                 held.push(id);
             }
         }
-        if out && g.hold(output).is_ok() {
+        if out && engine::hold(output).is_ok() {
             held.push(output);
         }
-        drop(g);
         t.tracked.insert(output);
         t.nodes.push(Node {
             rule,
@@ -295,13 +279,13 @@ fn record_slow(inputs: &[Id], output: Id, rule: Rule) {
 }
 
 /// Error if an in-place write to `id` would invalidate the recording tape.
-pub(crate) fn check_inplace(op: &'static str, id: Id) -> Result<()> {
+pub(crate) fn check_inplace(op: &'static str, id: ArrayId) -> Result<()> {
     if !RECORDING.with(Cell::get) {
         return Ok(());
     }
     let depends = TAPE.with(|t| {
         let t = t.borrow();
-        !t.nodes.is_empty() && (t.tracked.contains(&id) || engine::lock().is_param(id))
+        !t.nodes.is_empty() && (t.tracked.contains(&id) || engine::is_param(id))
     });
     if depends {
         return Err(NdError::invalid(
@@ -315,7 +299,7 @@ pub(crate) fn check_inplace(op: &'static str, id: Id) -> Result<()> {
 }
 
 /// Set every element of `id` to zero in place.
-fn zero_fill(id: Id) -> Result<()> {
+fn zero_fill(id: ArrayId) -> Result<()> {
     engine::run_inplace(id, &[], |mut t, _| {
         dispatch!(t.dtype, T => kernels::assign_unary::<T>(&mut t, |_| <T as crate::dtype::Native>::ZERO));
         Ok(())
@@ -411,22 +395,9 @@ impl std::fmt::Debug for GradientCollector {
     }
 }
 
-/// Zero the gradients of all live parameters, pruning dead ones from the list.
+/// Zero the gradients of this thread's live parameters (those created on it).
 fn zero_gradients() -> Result<()> {
-    let mut params = PARAMS.lock();
-    let mut grads = SmallVec::<[Id; 16]>::new();
-    {
-        let g = engine::lock();
-        params.retain(|&p| match g.grad(p) {
-            Ok(Some(gr)) => {
-                grads.push(gr);
-                true
-            }
-            _ => false,
-        });
-    }
-    drop(params);
-    for gr in grads {
+    for gr in engine::my_param_grads() {
         // A gradient closed by hand is skipped; `gradient()` reports it.
         let _ = zero_fill(gr);
     }
@@ -447,7 +418,7 @@ impl NDArray {
     /// float array), `ManagerClosed`/`ManagerCapped` (the gradient cannot be created).
     #[track_caller]
     pub fn try_set_requires_gradient(self, requires: bool) -> Result<NDArray> {
-        let current = engine::lock().grad(self.id)?;
+        let current = engine::grad(self.id)?;
         match (requires, current) {
             (true, None) => {
                 let (shape, dtype) = (self.try_shape()?, self.try_dtype()?);
@@ -455,24 +426,17 @@ impl NDArray {
                     return Err(NdError::UnsupportedDType {
                         op: "set_requires_gradient",
                         dtype,
-                        array: engine::lock().desc(self.id)?,
+                        array: engine::desc(self.id)?,
                     });
                 }
                 let grad = self.try_manager()?.try_zeros(shape, dtype)?;
                 grad.keep();
-                engine::lock().set_grad(self.id, Some(grad.id))?;
-                PARAMS.lock().push(self.id);
+                // Atomic: a racing call's gradient wins and this one is freed.
+                engine::install_grad(self.id, grad.id)?;
             }
             (false, Some(g)) => {
-                let mut e = engine::lock();
-                e.set_grad(self.id, None)?;
-                e.free_array(
-                    g,
-                    Some(std::panic::Location::caller()),
-                    crate::engine::Cause::Explicit,
-                );
-                drop(e);
-                PARAMS.lock().retain(|&p| p != self.id);
+                let _ = g;
+                engine::drop_grad(self.id, std::panic::Location::caller())?;
             }
             _ => {}
         }
@@ -481,7 +445,7 @@ impl NDArray {
 
     /// Whether this array requires a gradient (false for a closed array).
     pub fn requires_gradient(self) -> bool {
-        engine::lock().is_param(self.id)
+        engine::is_param(self.id)
     }
 
     /// The gradient array: the same handle on every call (no array is created), owned
@@ -494,7 +458,7 @@ impl NDArray {
     /// [`NDArray::gradient`]. Errors: `Closed`, `InvalidArgument` (does not require a
     /// gradient).
     pub fn try_gradient(self) -> Result<NDArray> {
-        match engine::lock().grad(self.id)? {
+        match engine::grad(self.id)? {
             Some(id) => Ok(NDArray { id }),
             None => Err(NdError::invalid(
                 "gradient",

@@ -2,7 +2,7 @@
 //! [`LeakWatch`], which notices a manager whose live count keeps rising.
 
 use super::human_bytes;
-use crate::engine::{self, Id, Registry};
+use crate::engine::{self, MgrId};
 use crate::{MemoryStats, NDManager};
 use std::collections::HashMap;
 use std::fmt;
@@ -68,23 +68,20 @@ impl fmt::Display for LeakReport {
 
 /// Group the live arrays of `root` (and its subtree if `subtree`) by creation site.
 /// O(arrays visited).
-pub(crate) fn report(g: &Registry, root: Id, subtree: bool) -> LeakReport {
-    let mut groups: HashMap<(usize, Id), (crate::SourceLocation, usize, usize)> = HashMap::new();
-    let mut stack = vec![root];
-    while let Some(mid) = stack.pop() {
-        let Ok(arrays) = g.manager_arrays(mid) else {
-            continue;
-        };
-        for &id in arrays {
-            let Ok(r) = g.array(id) else { continue };
-            let key = (r.created_at as *const _ as usize, mid);
-            let e = groups.entry(key).or_insert((r.created_at, 0, 0));
-            e.1 += 1;
-            e.2 += g.charged_bytes(id);
-        }
-        if subtree {
-            stack.extend_from_slice(g.manager_children(mid).unwrap_or(&[]));
-        }
+pub(crate) fn report(root: MgrId, subtree: bool) -> LeakReport {
+    let managers: Vec<MgrId> = if subtree {
+        engine::manager_tree(root)
+            .map(|t| t.into_iter().map(|(id, ..)| id).collect())
+            .unwrap_or_default()
+    } else {
+        vec![root]
+    };
+    let mut groups: HashMap<(usize, MgrId), (crate::SourceLocation, usize, usize)> = HashMap::new();
+    for a in engine::live_arrays(&managers) {
+        let key = (a.created_at as *const _ as usize, a.manager);
+        let e = groups.entry(key).or_insert((a.created_at, 0, 0));
+        e.1 += 1;
+        e.2 += a.bytes;
     }
     let mut sites: Vec<LeakSite> = groups
         .into_iter()
@@ -92,7 +89,7 @@ pub(crate) fn report(g: &Registry, root: Id, subtree: bool) -> LeakReport {
             location: loc.to_string(),
             count,
             bytes,
-            manager: g.manager(mid).map(|m| m.name.clone()).unwrap_or_default(),
+            manager: engine::manager_name(mid).unwrap_or_default(),
         })
         .collect();
     sites.sort_by(|a, b| {
@@ -105,7 +102,7 @@ pub(crate) fn report(g: &Registry, root: Id, subtree: bool) -> LeakReport {
 
 /// Every live array of the process, grouped by creation site.
 pub fn leak_report() -> LeakReport {
-    report(&engine::lock(), engine::SYSTEM, true)
+    report(engine::SYSTEM, true)
 }
 
 impl NDManager {
@@ -124,7 +121,7 @@ impl NDManager {
     /// assert!(report.sites[0].location.starts_with(file!()));
     /// ```
     pub fn leak_report(&self) -> LeakReport {
-        report(&engine::lock(), self.id, true)
+        report(self.id, true)
     }
 }
 

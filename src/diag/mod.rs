@@ -111,16 +111,15 @@ pub(crate) fn human_bytes(b: usize) -> String {
 
 /// Process-wide memory counters (the system manager's subtree: every array).
 pub fn memory() -> MemoryStats {
-    let g = engine::lock();
     MemoryStats {
         cached_bytes: engine::storage::pool::cached_bytes(),
-        ..MemoryStats::from_stats(g.stats(engine::SYSTEM).expect("system manager is live"))
+        ..MemoryStats::from_stats(engine::stats(engine::SYSTEM).expect("system manager is live"))
     }
 }
 
 /// Reset every peak to the current live bytes.
 pub fn reset_peak() {
-    engine::lock().reset_peak();
+    engine::reset_peak();
 }
 
 /// Statistics of the caching allocator that recycles array buffers.

@@ -56,7 +56,7 @@ pub(crate) fn record(r: OpRecord) {
 /// Restores the thread's profiling state and the process peak even if the closure
 /// panics.
 struct Window {
-    saved_peak: usize,
+    saved_peak: Vec<usize>,
     start_bytes: usize,
     finished: bool,
     done: Option<(usize, Vec<OpRecord>)>,
@@ -67,7 +67,7 @@ impl Window {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
-        let peak = engine::lock().end_peak_window(self.saved_peak);
+        let peak = engine::end_peak_window(&self.saved_peak);
         let ops = RECORDS.with(|rs| rs.borrow_mut().pop().unwrap_or_default());
         // The enclosing profile (if any) sees these ops too.
         RECORDS.with(|rs| {
@@ -103,9 +103,9 @@ impl Drop for Window {
 /// ```
 pub fn profile<R>(f: impl FnOnce() -> R) -> (R, Profile) {
     let (start_arrays, start_bytes, saved_peak) = {
-        let mut g = engine::lock();
-        let s = g.stats(engine::SYSTEM).expect("system");
-        (s.arrays, s.bytes, g.begin_peak_window())
+        let saved = engine::begin_peak_window();
+        let s = engine::stats(engine::SYSTEM).expect("system");
+        (s.arrays, s.bytes, saved)
     };
     RECORDS.with(|rs| rs.borrow_mut().push(Vec::new()));
     DEPTH.with(|d| d.set(d.get() + 1));
@@ -118,7 +118,7 @@ pub fn profile<R>(f: impl FnOnce() -> R) -> (R, Profile) {
     let r = f();
     window.finish();
     let (peak_bytes, ops) = window.done.take().expect("finished");
-    let s = engine::lock().stats(engine::SYSTEM).expect("system");
+    let s = engine::stats(engine::SYSTEM).expect("system");
     let p = Profile {
         new_arrays: s.arrays as i64 - start_arrays as i64,
         new_bytes: s.bytes as i64 - start_bytes as i64,

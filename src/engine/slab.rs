@@ -1,10 +1,14 @@
-//! A generational slab (the id scheme behind arrays, managers and scopes) and a
+//! Generational slabs (the id scheme behind arrays, buffers, managers and scopes) and a
 //! graveyard (what recently freed entries were, for diagnostics).
 //!
-//! An [`Id`] is `{ index, generation }`, where the generation is a serial number taken
-//! from a 64-bit counter at insertion: each entry ever inserted has its own, so a stale
-//! id never reaches a new entry (the ABA problem behind DJL's "uid is not unique" bug),
-//! and the serial doubles as a small, readable, never-reused uid (`#1`, `#2`, ...).
+//! An [`Id<K>`] is `{ shard, index, serial }`, typed by the kind `K` of record it names
+//! ([`ArrayK`], [`BufferK`], [`ManagerK`], [`ScopeK`]), so an array id can never be
+//! used where a manager id is expected. `shard` names the engine shard holding the
+//! record (always 0 for managers, which live in one global table). The serial is taken
+//! from a process-wide counter per kind, in blocks (so shards rarely touch it): each
+//! entry ever inserted has its own, so a stale id never reaches a new entry (the ABA
+//! problem behind DJL's "uid is not unique" bug), and the serial doubles as a small,
+//! readable, never-reused uid (`#1`, `#2`, ...; in order within one thread).
 //! Freed slots are reused last-in-first-out, so the slot a new array gets is the one
 //! just freed and still in cache.
 //!
@@ -13,53 +17,144 @@
 //! (an error path). The hot path therefore writes one ring entry per free and never
 //! walks cold slots.
 
-/// A generational id: slot index plus the serial number of the entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct Id {
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Kind marker: array records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ArrayK {}
+/// Kind marker: data buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum BufferK {}
+/// Kind marker: managers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ManagerK {}
+/// Kind marker: scopes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ScopeK {}
+
+/// A generational id of a record of kind `K`: shard, slot index, and serial number.
+pub(crate) struct Id<K> {
+    pub shard: u32,
     pub index: u32,
-    pub generation: u64,
+    pub serial: u64,
+    _kind: PhantomData<fn() -> K>,
 }
 
-impl Id {
-    /// The entry's serial number: unique over the process's lifetime.
+/// An array's id.
+pub(crate) type ArrayId = Id<ArrayK>;
+/// A data buffer's id.
+pub(crate) type BufId = Id<BufferK>;
+/// A manager's id.
+pub(crate) type MgrId = Id<ManagerK>;
+/// A scope's id.
+pub(crate) type ScopeId = Id<ScopeK>;
+
+impl<K> Clone for Id<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<K> Copy for Id<K> {}
+impl<K> PartialEq for Id<K> {
+    #[inline]
+    fn eq(&self, o: &Self) -> bool {
+        self.serial == o.serial && self.index == o.index && self.shard == o.shard
+    }
+}
+impl<K> Eq for Id<K> {}
+impl<K> std::hash::Hash for Id<K> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        // Serials are unique per kind: they alone identify the entry.
+        h.write_u64(self.serial);
+    }
+}
+impl<K> std::fmt::Debug for Id<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{}@{}:{}", self.serial, self.shard, self.index)
+    }
+}
+
+impl<K> Id<K> {
+    pub(crate) const fn new(shard: u32, index: u32, serial: u64) -> Self {
+        Id {
+            shard,
+            index,
+            serial,
+            _kind: PhantomData,
+        }
+    }
+
+    /// The entry's serial number: unique over the process's lifetime (per kind).
     pub(crate) fn uid(self) -> u64 {
-        self.generation
+        self.serial
+    }
+}
+
+/// Serial numbers handed out in blocks of this many, so inserting rarely touches the
+/// shared counter.
+const SERIAL_BLOCK: u64 = 1024;
+
+/// A per-kind source of serial numbers shared by every slab of that kind.
+pub(crate) struct Serials(AtomicU64);
+
+impl Serials {
+    pub(crate) const fn new() -> Self {
+        Serials(AtomicU64::new(1))
     }
 }
 
 struct Slot<L> {
-    generation: u64,
+    serial: u64,
     value: Option<L>,
 }
 
-pub(crate) struct Slab<L> {
+pub(crate) struct Slab<K, L> {
     slots: Vec<Slot<L>>,
     free: Vec<u32>,
     live: usize,
-    /// The next serial number (the first entry gets 1).
+    shard: u32,
+    serials: &'static Serials,
+    /// The next serial number of the current block, and the block's end.
     next_serial: u64,
+    end_serial: u64,
+    _kind: PhantomData<fn() -> K>,
 }
 
-impl<L> Slab<L> {
-    pub(crate) const fn new() -> Self {
+impl<K, L> Slab<K, L> {
+    pub(crate) const fn new(shard: u32, serials: &'static Serials) -> Self {
         Slab {
             slots: Vec::new(),
             free: Vec::new(),
             live: 0,
-            next_serial: 1,
+            shard,
+            serials,
+            next_serial: 0,
+            end_serial: 0,
+            _kind: PhantomData,
         }
     }
 
-    pub(crate) fn insert(&mut self, value: L) -> Id {
-        self.live += 1;
-        let generation = self.next_serial;
+    #[inline]
+    fn serial(&mut self) -> u64 {
+        if self.next_serial == self.end_serial {
+            self.next_serial = self.serials.0.fetch_add(SERIAL_BLOCK, Ordering::Relaxed);
+            self.end_serial = self.next_serial + SERIAL_BLOCK;
+        }
+        let s = self.next_serial;
         self.next_serial += 1;
+        s
+    }
+
+    pub(crate) fn insert(&mut self, value: L) -> Id<K> {
+        self.live += 1;
+        let serial = self.serial();
         let index = match self.free.pop() {
             Some(index) => {
                 let slot = &mut self.slots[index as usize];
                 debug_assert!(slot.value.is_none());
                 *slot = Slot {
-                    generation,
+                    serial,
                     value: Some(value),
                 };
                 index
@@ -67,41 +162,41 @@ impl<L> Slab<L> {
             None => {
                 let index = u32::try_from(self.slots.len()).expect("more than 2^32 live ids");
                 self.slots.push(Slot {
-                    generation,
+                    serial,
                     value: Some(value),
                 });
                 index
             }
         };
-        Id { index, generation }
+        Id::new(self.shard, index, serial)
     }
 
     #[inline]
-    pub(crate) fn get(&self, id: Id) -> Option<&L> {
+    pub(crate) fn get(&self, id: Id<K>) -> Option<&L> {
         match self.slots.get(id.index as usize) {
             Some(Slot {
-                generation,
+                serial,
                 value: Some(v),
-            }) if *generation == id.generation => Some(v),
+            }) if *serial == id.serial => Some(v),
             _ => None,
         }
     }
 
     #[inline]
-    pub(crate) fn get_mut(&mut self, id: Id) -> Option<&mut L> {
+    pub(crate) fn get_mut(&mut self, id: Id<K>) -> Option<&mut L> {
         match self.slots.get_mut(id.index as usize) {
             Some(Slot {
-                generation,
+                serial,
                 value: Some(v),
-            }) if *generation == id.generation => Some(v),
+            }) if *serial == id.serial => Some(v),
             _ => None,
         }
     }
 
     /// Remove a live entry and return it (`None` if `id` is stale).
-    pub(crate) fn remove(&mut self, id: Id) -> Option<L> {
+    pub(crate) fn remove(&mut self, id: Id<K>) -> Option<L> {
         let slot = self.slots.get_mut(id.index as usize)?;
-        if slot.generation != id.generation {
+        if slot.serial != id.serial {
             return None;
         }
         let v = slot.value.take()?;
@@ -119,21 +214,17 @@ impl<L> Slab<L> {
     pub(crate) fn capacity_used(&self) -> usize {
         self.slots.len()
     }
-
-    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut L> {
-        self.slots.iter_mut().filter_map(|s| s.value.as_mut())
-    }
 }
 
 /// The descriptions of the last `capacity` freed entries: a fixed ring overwritten in
 /// place (no shifting, no reallocation once full).
-pub(crate) struct Graveyard<D> {
-    ring: Vec<(Id, D)>,
+pub(crate) struct Graveyard<K, D> {
+    ring: Vec<(Id<K>, D)>,
     next: usize,
     capacity: usize,
 }
 
-impl<D> Graveyard<D> {
+impl<K, D> Graveyard<K, D> {
     pub(crate) const fn new(capacity: usize) -> Self {
         Graveyard {
             ring: Vec::new(),
@@ -144,7 +235,7 @@ impl<D> Graveyard<D> {
 
     /// Record what `id` was; forgets the oldest record beyond capacity.
     #[inline]
-    pub(crate) fn bury(&mut self, id: Id, tombstone: D) {
+    pub(crate) fn bury(&mut self, id: Id<K>, tombstone: D) {
         if self.ring.len() < self.capacity {
             self.ring.push((id, tombstone));
         } else {
@@ -154,7 +245,7 @@ impl<D> Graveyard<D> {
     }
 
     /// What `id` was, if it is still remembered. O(capacity): error paths only.
-    pub(crate) fn find(&self, id: Id) -> Option<&D> {
+    pub(crate) fn find(&self, id: Id<K>) -> Option<&D> {
         self.ring.iter().find(|(i, _)| *i == id).map(|(_, d)| d)
     }
 }
@@ -163,9 +254,11 @@ impl<D> Graveyard<D> {
 mod tests {
     use super::*;
 
+    static S: Serials = Serials::new();
+
     #[test]
     fn stale_ids_never_reach_new_entries() {
-        let mut s: Slab<u32> = Slab::new();
+        let mut s: Slab<ArrayK, u32> = Slab::new(0, &S);
         let a = s.insert(1);
         assert_eq!(s.remove(a), Some(1));
         assert_eq!(s.remove(a), None);
@@ -179,7 +272,7 @@ mod tests {
 
     #[test]
     fn churn_stays_in_one_slot() {
-        let mut s: Slab<u32> = Slab::new();
+        let mut s: Slab<ArrayK, u32> = Slab::new(0, &S);
         for i in 0..1000 {
             let id = s.insert(i);
             s.remove(id);
@@ -189,21 +282,24 @@ mod tests {
     }
 
     #[test]
-    fn uids_are_serial_numbers() {
-        let mut s: Slab<u32> = Slab::new();
+    fn uids_are_serial_numbers_within_a_slab() {
+        static OWN: Serials = Serials::new();
+        let mut s: Slab<ArrayK, u32> = Slab::new(0, &OWN);
         let a = s.insert(0);
         s.remove(a);
         let b = s.insert(1);
         assert_eq!((a.uid(), b.uid()), (1, 2));
+        // A second slab (another shard) draws from the next block: never the same uid.
+        let mut t: Slab<ArrayK, u32> = Slab::new(1, &OWN);
+        let c = t.insert(2);
+        assert_eq!(c.uid(), 1 + SERIAL_BLOCK);
+        assert_eq!(c.shard, 1);
     }
 
     #[test]
     fn graveyard_keeps_the_newest() {
-        let mut g: Graveyard<u32> = Graveyard::new(2);
-        let id = |index| Id {
-            index,
-            generation: 0,
-        };
+        let mut g: Graveyard<ArrayK, u32> = Graveyard::new(2);
+        let id = |index| ArrayId::new(0, index, index as u64);
         g.bury(id(1), 10);
         g.bury(id(2), 20);
         g.bury(id(3), 30);

@@ -11,7 +11,7 @@ use crate::error::{NdError, Result};
 use std::ptr::NonNull;
 
 pub(crate) mod pool;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Alignment of every buffer, in bytes (a cache line; enough for any SIMD width).
 pub(crate) const ALIGN: usize = 64;
@@ -28,13 +28,15 @@ pub(crate) struct Buffer {
     /// The pool size class of the block (its capacity), `pool::FRESH` set when it came
     /// zeroed from the system allocator; `pool::NO_CLASS` for empty buffers.
     class: u32,
-    /// Number of ops currently reading this buffer without holding the engine lock.
+    /// Number of ops currently reading this buffer without holding a shard lock.
     outside_readers: AtomicUsize,
+    /// Set by an in-place writer that parks until the outside reads end.
+    writer_waiting: AtomicBool,
 }
 
 // SAFETY: `Buffer` owns its block exclusively (like `Vec<u8>`); shared access is
 // coordinated by the engine: reads of immutable data from several threads are fine, and
-// writes are only made under the engine lock with `outside_readers == 0`.
+// writes are only made under the lock of the buffer's shard with `outside_readers == 0`.
 unsafe impl Send for Buffer {}
 // SAFETY: see `Send` above.
 unsafe impl Sync for Buffer {}
@@ -49,6 +51,7 @@ impl Buffer {
             bytes: 0,
             class: pool::NO_CLASS,
             outside_readers: AtomicUsize::new(0),
+            writer_waiting: AtomicBool::new(false),
         }
     }
 
@@ -75,6 +78,7 @@ impl Buffer {
             bytes,
             class,
             outside_readers: AtomicUsize::new(0),
+            writer_waiting: AtomicBool::new(false),
         })
     }
 
@@ -111,7 +115,7 @@ impl Buffer {
     ///
     /// # Safety
     /// The caller must have exclusive access: either the buffer is fresh (not yet
-    /// shared), or the engine lock is held, `outside_readers` is zero and no other slice
+    /// shared), or the lock of its shard is held, `outside_readers` is zero and no other slice
     /// of this buffer is alive.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice_mut<T: Native>(&self) -> &mut [T] {
@@ -128,8 +132,15 @@ impl Buffer {
         self.outside_readers.fetch_add(1, Ordering::AcqRel);
     }
 
-    pub(crate) fn end_outside_read(&self) {
-        self.outside_readers.fetch_sub(1, Ordering::AcqRel);
+    /// Ends an outside read; true when it was the last one and a writer waits for it.
+    pub(crate) fn end_outside_read(&self) -> bool {
+        self.outside_readers.fetch_sub(1, Ordering::AcqRel) == 1
+            && self.writer_waiting.swap(false, Ordering::AcqRel)
+    }
+
+    /// An in-place writer is about to park until the outside reads end.
+    pub(crate) fn announce_writer(&self) {
+        self.writer_waiting.store(true, Ordering::Release);
     }
 
     pub(crate) fn has_outside_readers(&self) -> bool {

@@ -1,0 +1,345 @@
+//! Array lifecycle on locked shards: insert, free, move between managers, reference
+//! counts and tape holds. Every function here runs on a [`Ctx`] that holds the locks of
+//! the shards it touches; [`Ctx::free_is_local`] and friends tell the callers in
+//! `mod.rs` whether one shard's lock is enough.
+
+#[cfg(not(feature = "untracked"))]
+use super::records::Tomb;
+use super::records::{ArrayRec, BufMeta, Cause};
+use super::shard::{CURRENT_SCOPE, Ctx, Shard};
+use super::slab::{ArrayId, BufId, MgrId};
+use super::{Buffer, Layout};
+use crate::DType;
+use crate::diag::config;
+use crate::error::{Result, SourceLocation};
+use smallvec::SmallVec;
+use std::sync::Arc;
+
+/// Where a new array's data comes from.
+pub(crate) enum Data {
+    /// A fresh buffer, laid out contiguously.
+    New(Buffer),
+    /// A view of an existing buffer.
+    Share(BufId),
+}
+
+#[inline]
+fn backtrace() -> Option<Arc<str>> {
+    if config::verbose() {
+        capture_backtrace()
+    } else {
+        None
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn capture_backtrace() -> Option<Arc<str>> {
+    Some(Arc::from(
+        std::backtrace::Backtrace::force_capture().to_string(),
+    ))
+}
+
+impl Shard {
+    /// An `Arc` around `buf`, reusing a spare shell when one is kept.
+    fn wrap_buffer(&mut self, buf: Buffer) -> Arc<Buffer> {
+        match self.spare_arcs.pop() {
+            Some(mut shell) => {
+                *Arc::get_mut(&mut shell).expect("spare shells are unique") = buf;
+                shell
+            }
+            None => Arc::new(buf),
+        }
+    }
+
+    /// Release a dead buffer's block to the pool and keep its `Arc` shell for reuse
+    /// (when no snapshot shares it; a snapshot's drop frees both then).
+    fn recycle_arc(&mut self, mut arc: Arc<Buffer>) {
+        const MAX_SPARE_ARCS: usize = 1024;
+        if let Some(b) = Arc::get_mut(&mut arc) {
+            *b = Buffer::empty();
+            if self.spare_arcs.len() < MAX_SPARE_ARCS {
+                self.spare_arcs.push(arc);
+            }
+        }
+    }
+}
+
+impl Ctx {
+    /// Whether freeing `id` touches only its own shard: its buffer, the buffer's other
+    /// holders, its scope registrations and its gradient all live there.
+    pub(crate) fn free_is_local(&self, id: ArrayId) -> bool {
+        let s = id.shard;
+        let sh = self.shr(s);
+        let Some(r) = sh.arrays.get(id) else {
+            return true; // nothing to free
+        };
+        r.buffer.shard == s
+            && !sh.buffers.get(r.buffer).is_some_and(|b| b.foreign)
+            && r.scopes.iter().all(|(sc, _)| sc.shard == s)
+            && r.grad.is_none_or(|g| g.shard == s && self.free_is_local(g))
+    }
+
+    /// Register a new array in `mgr` (and in this thread's innermost scope). The
+    /// caller holds the current shard, and for a view the buffer's shard.
+    pub(crate) fn insert_array(
+        &mut self,
+        s: u32,
+        mgr: MgrId,
+        data: Data,
+        layout: Layout,
+        dtype: DType,
+        at: SourceLocation,
+    ) -> Result<ArrayId> {
+        let sh = self.sh(s);
+        sh.accepts(mgr)?;
+        let (buffer, new_bytes) = match data {
+            Data::New(buf) => {
+                let bytes = buf.bytes();
+                let buf = sh.wrap_buffer(buf);
+                let meta = BufMeta {
+                    buf,
+                    holders: SmallVec::new(),
+                    foreign: false,
+                };
+                (sh.buffers.insert(meta), Some(bytes))
+            }
+            Data::Share(b) => (b, None),
+        };
+        let mgr_pos = sh.entry_mut(mgr).arrays.len() as u32;
+        let id = sh.arrays.insert(ArrayRec {
+            buffer,
+            layout,
+            dtype,
+            manager: mgr,
+            mgr_pos,
+            scopes: SmallVec::new(),
+            retains: 0,
+            created_at: at,
+            created_bt: backtrace(),
+            temp_home: None,
+            grad: None,
+            holds: 0,
+            orphaned: None,
+        });
+        sh.entry_mut(mgr).arrays.push(id);
+        match new_bytes {
+            Some(bytes) => sh.adjust(mgr, 1, 1, bytes as isize, 1),
+            None => sh.adjust(mgr, 1, 0, 0, 0),
+        }
+        // A new buffer's first holder is charged for it; a view adds only an array.
+        let meta = self
+            .sh(buffer.shard)
+            .buffers
+            .get_mut(buffer)
+            .expect("live buffer");
+        meta.holders.push(id);
+        if buffer.shard != s {
+            meta.foreign = true;
+        }
+        if let Some(scope) = CURRENT_SCOPE.with(|c| c.get()) {
+            self.register(scope, id);
+        }
+        Ok(id)
+    }
+
+    /// Drop `id` from its buffer's holders. When `id` was the holder charged for the
+    /// buffer, returns its bytes and the next holder, which takes over the charge (the
+    /// caller moves the charge: first off `id`'s manager, then onto the next holder's,
+    /// so peaks never count it twice).
+    fn remove_holder(&mut self, buffer: BufId, id: ArrayId) -> Option<(usize, Option<ArrayId>)> {
+        let sh = self.sh(buffer.shard);
+        let meta = sh.buffers.get_mut(buffer).expect("live buffer");
+        let bytes = meta.buf.bytes();
+        let i = meta
+            .holders
+            .iter()
+            .position(|&h| h == id)
+            .expect("engine invariant: holder is listed");
+        meta.holders.remove(i);
+        let next = meta.holders.first().copied();
+        if next.is_none() {
+            // Dropping the Arc frees the block unless an op outside the lock still
+            // reads it, in which case that op's snapshot frees it.
+            if let Some(meta) = sh.buffers.remove(buffer) {
+                sh.recycle_arc(meta.buf);
+            }
+        }
+        (i == 0).then_some((bytes, next))
+    }
+
+    /// Move an array to another manager, carrying its counts and buffer charge.
+    fn move_array(&mut self, id: ArrayId, to: MgrId) -> Result<()> {
+        let s = id.shard;
+        self.sh(s).accepts(to)?;
+        let (from, buffer, pos) = {
+            let r = self.array(id)?;
+            (r.manager, r.buffer, r.mgr_pos as usize)
+        };
+        if from == to {
+            return Ok(());
+        }
+        let meta = self.buffer(buffer);
+        let charged = meta.holders.first() == Some(&id);
+        let bytes = meta.buf.bytes() as isize * charged as isize;
+        let sh = self.sh(s);
+        let list = &mut sh.entry_mut(from).arrays;
+        list.swap_remove(pos);
+        if let Some(&moved) = list.get(pos) {
+            sh.arrays
+                .get_mut(moved)
+                .expect("listed array is live")
+                .mgr_pos = pos as u32;
+        }
+        sh.adjust(from, -1, -(charged as isize), -bytes, 0);
+        let list = &mut sh.entry_mut(to).arrays;
+        list.push(id);
+        let new_pos = (list.len() - 1) as u32;
+        let r = sh.arrays.get_mut(id).expect("checked");
+        r.manager = to;
+        r.mgr_pos = new_pos;
+        sh.adjust(to, 1, charged as isize, bytes, 0);
+        Ok(())
+    }
+
+    pub(crate) fn attach(&mut self, id: ArrayId, to: MgrId) -> Result<()> {
+        self.move_array(id, to)?;
+        self.array_mut(id).temp_home = None;
+        Ok(())
+    }
+
+    pub(crate) fn temp_attach(&mut self, id: ArrayId, to: MgrId) -> Result<()> {
+        let home = {
+            let r = self.array(id)?;
+            r.temp_home.unwrap_or(r.manager)
+        };
+        self.move_array(id, to)?;
+        self.array_mut(id).temp_home = Some(home);
+        Ok(())
+    }
+
+    /// Free an array now, whatever its count. Returns false if it was already dead.
+    #[cfg_attr(feature = "untracked", allow(clippy::only_used_in_recursion))]
+    pub(crate) fn free_array(
+        &mut self,
+        id: ArrayId,
+        at: Option<SourceLocation>,
+        cause: Cause,
+    ) -> bool {
+        let s = id.shard;
+        let sh = self.sh(s);
+        let Some(rec) = sh.arrays.remove(id) else {
+            return false;
+        };
+        // A parameter's gradient lives and dies with it.
+        let grad = rec.grad;
+        // Unlink from the manager's list (the record is gone, so fix positions here).
+        let list = &mut sh.entry_mut(rec.manager).arrays;
+        let pos = rec.mgr_pos as usize;
+        list.swap_remove(pos);
+        if let Some(&moved) = list.get(pos) {
+            sh.arrays
+                .get_mut(moved)
+                .expect("listed array is live")
+                .mgr_pos = pos as u32;
+        }
+        for &(sid, pos) in &rec.scopes {
+            self.scope_unlink_at(sid, pos as usize);
+        }
+        match self.remove_holder(rec.buffer, id) {
+            Some((bytes, next)) => {
+                self.sh(s).adjust(rec.manager, -1, -1, -(bytes as isize), 0);
+                if let Some(n) = next {
+                    let nm = self.array_mut(n).manager;
+                    self.sh(n.shard).adjust(nm, 0, 1, bytes as isize, 0);
+                }
+            }
+            None => self.sh(s).adjust(rec.manager, -1, 0, 0, 0),
+        }
+        #[cfg(not(feature = "untracked"))]
+        {
+            let sh = self.sh(s);
+            let closed_bt = backtrace();
+            if rec.created_bt.is_some() || closed_bt.is_some() {
+                sh.traces.bury(id, (rec.created_bt, closed_bt));
+            }
+            sh.graves.bury(
+                id,
+                Tomb {
+                    shape: rec.layout.shape,
+                    dtype: rec.dtype,
+                    created_at: rec.created_at,
+                    closed_at: at,
+                    cause,
+                },
+            );
+        }
+        if let Some(g) = grad {
+            self.free_array(g, at, cause);
+        }
+        true
+    }
+
+    // ------------------------------------------------------------ counts and holds
+
+    pub(crate) fn retain(&mut self, id: ArrayId) -> Result<u32> {
+        self.array(id)?;
+        let r = self.array_mut(id);
+        r.retains += 1;
+        Ok(r.retains + r.scopes.len() as u32)
+    }
+
+    pub(crate) fn ref_count(&self, id: ArrayId) -> Result<u32> {
+        let r = self.array(id)?;
+        Ok(r.retains + r.scopes.len() as u32)
+    }
+
+    /// Drop one reference; free the array when none is left. Returns whether it freed.
+    pub(crate) fn release(&mut self, id: ArrayId, at: SourceLocation) -> Result<bool> {
+        let r = self.array(id)?;
+        let count = r.retains + r.scopes.len() as u32;
+        if count <= 1 {
+            self.free_array(id, Some(at), Cause::Release);
+            return Ok(true);
+        }
+        if r.retains > 0 {
+            self.array_mut(id).retains -= 1;
+        } else {
+            // Only scope registrations hold it: give up the innermost scope's.
+            let scopes = r.scopes.clone();
+            let (i, _) = scopes
+                .iter()
+                .enumerate()
+                .max_by_key(|(_, (sid, _))| {
+                    self.shr(sid.shard).scopes.get(*sid).map_or(0, |s| s.depth)
+                })
+                .expect("count > 1");
+            let (sid, pos) = self.array_mut(id).scopes.swap_remove(i);
+            self.scope_unlink_at(sid, pos as usize);
+        }
+        Ok(false)
+    }
+
+    /// A tape hold: keeps `id` alive past the close of its scopes until `unhold`.
+    pub(crate) fn hold(&mut self, id: ArrayId) -> Result<()> {
+        self.array(id)?;
+        self.array_mut(id).holds += 1;
+        Ok(())
+    }
+
+    /// Drop a tape hold; frees the array if it was the last hold and a scope close
+    /// found the array held only by tapes. A freed array is ignored.
+    pub(crate) fn unhold(&mut self, id: ArrayId) {
+        let Some(r) = self.sh(id.shard).arrays.get_mut(id) else {
+            return;
+        };
+        r.holds = r.holds.saturating_sub(1);
+        if r.holds == 0
+            && r.retains == 0
+            && r.scopes.is_empty()
+            && let Some(opened_at) = r.orphaned
+        {
+            self.free_array(id, None, Cause::Scope(opened_at));
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! Op execution: resolve inputs, run the kernel, register the result.
+//!
+//! * **Local fast path.** When every input (record and buffer) lives in this thread's
+//!   shard, the op takes that one lock, and small work (under [`OUTSIDE_LOCK_WORK`]
+//!   elements) is computed right there: one uncontended lock round trip per op. Only
+//!   the owning thread normally takes that lock; another thread that reads one of these
+//!   arrays waits at most one small kernel.
+//! * **Snapshot path.** Large work, and any op with an input from another shard, reads
+//!   `Arc` snapshots of the input buffers with no lock held. Each snapshot is marked as
+//!   an outside read (under the lock of the buffer's shard) so that in-place writers,
+//!   which write under that lock, wait for it (parked, not spinning); then the result is
+//!   registered under this thread's shard lock.
+//! * **In-place writes** lock the shards of the target and the inputs, wait until no
+//!   outside read of the target's buffer is in flight, copy out inputs that alias the
+//!   target, and write.
+
+use super::arrays::Data;
+use super::records::ArrayRec;
+use super::shard::{Ctx, my_shard};
+use super::slab::{ArrayId, BufId, MgrId};
+use super::{Buffer, Layout};
+use crate::diag::profile;
+use crate::dtype::Native;
+use crate::error::{ArrayDesc, Result, SourceLocation};
+use crate::{DType, Shape};
+use parking_lot::{Condvar, Mutex};
+use smallvec::SmallVec;
+use std::sync::Arc;
+
+/// Inputs with at least this many elements in total are computed with no lock held.
+const OUTSIDE_LOCK_WORK: usize = 1 << 15;
+
+/// A resolved op input: read-only access to an array's data and metadata.
+pub(crate) struct Operand<'a> {
+    buf: &'a Buffer,
+    pub layout: &'a Layout,
+    pub dtype: DType,
+    pub id: ArrayId,
+    pub created_at: SourceLocation,
+    buffer_id: BufId,
+    /// The owning manager (an op's result goes to its first input's).
+    manager: MgrId,
+}
+
+impl Operand<'_> {
+    /// The whole buffer as `T` (index it with `layout`).
+    pub(crate) fn data<T: Native>(&self) -> &[T] {
+        debug_assert_eq!(std::mem::size_of::<T>(), self.dtype.size_in_bytes());
+        // SAFETY: operands exist only while the engine guarantees there is no writer:
+        // under the lock of the buffer's shard (writers take it), or marked as an
+        // outside read (writers wait for those to end).
+        unsafe { self.buf.slice::<T>() }
+    }
+
+    pub(crate) fn shape(&self) -> &Shape {
+        &self.layout.shape
+    }
+
+    pub(crate) fn buffer_addr(&self) -> usize {
+        self.buf.addr()
+    }
+
+    pub(crate) fn desc(&self) -> Box<ArrayDesc> {
+        Box::new(ArrayDesc {
+            uid: self.id.uid(),
+            shape: self.layout.shape.clone(),
+            dtype: self.dtype,
+            created_at: self.created_at,
+        })
+    }
+}
+
+/// The writable target of an in-place op. `layout` may be narrowed (e.g. to a slice
+/// of the target) before writing; it must stay within the target's buffer.
+pub(crate) struct OperandMut<'a> {
+    buf: &'a Buffer,
+    pub layout: Layout,
+    pub dtype: DType,
+    pub id: ArrayId,
+    pub created_at: SourceLocation,
+}
+
+impl OperandMut<'_> {
+    pub(crate) fn data_mut<T: Native>(&mut self) -> &mut [T] {
+        debug_assert_eq!(std::mem::size_of::<T>(), self.dtype.size_in_bytes());
+        // SAFETY: built only by `run_inplace`, under the lock of the buffer's shard,
+        // after waiting until no outside read of this buffer is in flight; inputs that
+        // share the buffer were copied out first, so this is the only live slice of it.
+        unsafe { self.buf.slice_mut::<T>() }
+    }
+
+    pub(crate) fn desc(&self) -> Box<ArrayDesc> {
+        Box::new(ArrayDesc {
+            uid: self.id.uid(),
+            shape: self.layout.shape.clone(),
+            dtype: self.dtype,
+            created_at: self.created_at,
+        })
+    }
+}
+
+/// What an op produced.
+pub(crate) enum Output {
+    /// A new contiguous array.
+    New {
+        buf: Buffer,
+        shape: Shape,
+        dtype: DType,
+    },
+    /// A view of input `of` with another layout.
+    View { of: usize, layout: Layout },
+}
+
+impl Ctx {
+    pub(crate) fn operand(&self, id: ArrayId) -> Result<Operand<'_>> {
+        let r: &ArrayRec = self.array(id)?;
+        let meta = self.buffer(r.buffer);
+        Ok(Operand {
+            buf: &meta.buf,
+            layout: &r.layout,
+            dtype: r.dtype,
+            id,
+            created_at: r.created_at,
+            buffer_id: r.buffer,
+            manager: r.manager,
+        })
+    }
+}
+
+/// Lock the shards of these arrays' records and buffers (and `extra`). A closed array
+/// is skipped (the caller's lookup reports it).
+pub(crate) fn lock_arrays(ids: &[ArrayId], extra: &[u32]) -> Ctx {
+    let mut want: SmallVec<[u32; 6]> = ids.iter().map(|i| i.shard).collect();
+    want.extend_from_slice(extra);
+    loop {
+        let ctx = Ctx::set(&want);
+        let mut missing = false;
+        for &id in ids {
+            if let Some(r) = ctx.shr(id.shard).arrays.get(id)
+                && !ctx.holds(r.buffer.shard)
+            {
+                want.push(r.buffer.shard);
+                missing = true;
+            }
+        }
+        if !missing {
+            return ctx;
+        }
+        // A record's buffer never changes: the second round holds everything.
+    }
+}
+
+/// Run op `name` over `inputs`; its result belongs to the first input's manager.
+pub(crate) fn run_op(
+    name: &'static str,
+    inputs: &[ArrayId],
+    at: SourceLocation,
+    f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,
+) -> Result<ArrayId> {
+    if !profile::active() {
+        return run_op_inner(inputs, at, f);
+    }
+    let input_shapes = inputs
+        .iter()
+        .map(|&id| super::shape(id))
+        .collect::<Result<Vec<_>>>()?;
+    let t0 = std::time::Instant::now();
+    let id = run_op_inner(inputs, at, f)?;
+    let duration = t0.elapsed();
+    let ctx = lock_arrays(&[id], &[]);
+    profile::record(profile::OpRecord {
+        name,
+        input_shapes,
+        output_shape: ctx.array(id)?.layout.shape.clone(),
+        bytes_added: ctx.charged_bytes(id),
+        duration,
+    });
+    Ok(id)
+}
+
+fn run_op_inner(
+    inputs: &[ArrayId],
+    at: SourceLocation,
+    f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,
+) -> Result<ArrayId> {
+    let me = my_shard();
+    if inputs.iter().all(|i| i.shard == me) {
+        let mut ctx = Ctx::one(me);
+        let mut local = true;
+        let mut work = 0usize;
+        for &id in inputs {
+            let r = ctx.array(id)?;
+            local &= r.buffer.shard == me;
+            work += r.layout.size();
+        }
+        if local && work < OUTSIDE_LOCK_WORK {
+            let mut ops = SmallVec::<[Operand<'_>; 3]>::new();
+            for &id in inputs {
+                ops.push(ctx.operand(id)?);
+            }
+            // Resolved above, so `ops[0]` exists; its manager owns the result.
+            let mgr = ops[0].manager;
+            let buffers: SmallVec<[BufId; 3]> = ops.iter().map(|o| o.buffer_id).collect();
+            let out = f(&ops)?;
+            drop(ops);
+            return register_output(&mut ctx, me, mgr, out, &buffers, inputs, at);
+        }
+    }
+    // Snapshot path: compute with no lock held.
+    let mut snaps = SmallVec::<[Snapshot; 3]>::new();
+    for &id in inputs {
+        snaps.push(Snapshot::take(id)?);
+    }
+    let mgr = snaps[0].manager;
+    // Fail before computing if the result could not be registered.
+    {
+        let mut ctx = Ctx::one(me);
+        ctx.sh(me).accepts(mgr)?;
+    }
+    let out = {
+        let ops: SmallVec<[Operand<'_>; 3]> = snaps.iter().map(Snapshot::operand).collect();
+        f(&ops)
+    };
+    drop_snapshots(&mut snaps);
+    let out = out?;
+    let buffers: SmallVec<[BufId; 3]> = snaps.iter().map(|s| s.buffer_id).collect();
+    let mut extra: SmallVec<[u32; 3]> = smallvec::smallvec![me];
+    if let Output::View { of, .. } = &out {
+        extra.push(buffers[*of].shard);
+    }
+    let mut ctx = lock_arrays(inputs, &extra);
+    // An input may have been freed meanwhile: a view of it can no longer be made.
+    if let Output::View { of, .. } = &out {
+        ctx.array(inputs[*of])?;
+    }
+    register_output(&mut ctx, me, mgr, out, &buffers, inputs, at)
+}
+
+/// An op input held across an unlocked compute.
+struct Snapshot {
+    buf: Arc<Buffer>,
+    layout: Layout,
+    dtype: DType,
+    id: ArrayId,
+    created_at: SourceLocation,
+    buffer_id: BufId,
+    manager: MgrId,
+    reading: bool,
+}
+
+impl Snapshot {
+    fn take(id: ArrayId) -> Result<Snapshot> {
+        let ctx = lock_arrays(&[id], &[]);
+        let r = ctx.array(id)?;
+        let buf = ctx.buffer(r.buffer).buf.clone();
+        // Marked under the lock of the buffer's shard, which writers hold.
+        buf.begin_outside_read();
+        Ok(Snapshot {
+            buf,
+            layout: r.layout.clone(),
+            dtype: r.dtype,
+            id,
+            created_at: r.created_at,
+            buffer_id: r.buffer,
+            manager: r.manager,
+            reading: true,
+        })
+    }
+
+    fn operand(&self) -> Operand<'_> {
+        Operand {
+            buf: &self.buf,
+            layout: &self.layout,
+            dtype: self.dtype,
+            id: self.id,
+            created_at: self.created_at,
+            buffer_id: self.buffer_id,
+            manager: self.manager,
+        }
+    }
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        if self.reading {
+            end_outside_read(&self.buf);
+        }
+    }
+}
+
+fn drop_snapshots(snaps: &mut [Snapshot]) {
+    for s in snaps {
+        if s.reading {
+            s.reading = false;
+            end_outside_read(&s.buf);
+        }
+    }
+}
+
+/// Writers waiting for outside reads to end park here.
+static READS_DONE: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+
+fn end_outside_read(buf: &Buffer) {
+    if buf.end_outside_read() {
+        // The last outside read ended and a writer may be waiting.
+        let _g = READS_DONE.0.lock();
+        READS_DONE.1.notify_all();
+    }
+}
+
+/// Park until `buf` has no outside reader (re-checked by the caller under its lock).
+fn wait_for_readers(buf: &Buffer) {
+    let mut g = READS_DONE.0.lock();
+    buf.announce_writer();
+    while buf.has_outside_readers() {
+        // A timeout bounds a notify that raced ahead of the announcement.
+        READS_DONE
+            .1
+            .wait_for(&mut g, std::time::Duration::from_millis(1));
+    }
+}
+
+fn register_output(
+    ctx: &mut Ctx,
+    me: u32,
+    mgr: MgrId,
+    out: Output,
+    buffers: &[BufId],
+    inputs: &[ArrayId],
+    at: SourceLocation,
+) -> Result<ArrayId> {
+    match out {
+        Output::New { buf, shape, dtype } => ctx.insert_array(
+            me,
+            mgr,
+            Data::New(buf),
+            Layout::contiguous(shape),
+            dtype,
+            at,
+        ),
+        Output::View { of, layout } => {
+            let dtype = ctx.array(inputs[of])?.dtype;
+            ctx.insert_array(me, mgr, Data::Share(buffers[of]), layout, dtype, at)
+        }
+    }
+}
+
+/// Create an array from a filled buffer in `mgr`.
+pub(crate) fn create(
+    mgr: MgrId,
+    buf: Buffer,
+    shape: Shape,
+    dtype: DType,
+    at: SourceLocation,
+) -> Result<ArrayId> {
+    let me = my_shard();
+    let mut ctx = Ctx::one(me);
+    ctx.insert_array(
+        me,
+        mgr,
+        Data::New(buf),
+        Layout::contiguous(shape),
+        dtype,
+        at,
+    )
+}
+
+/// Run an in-place op writing `target`, reading `inputs`.
+pub(crate) fn run_inplace(
+    target: ArrayId,
+    inputs: &[ArrayId],
+    f: impl FnOnce(OperandMut<'_>, &[Operand<'_>]) -> Result<()>,
+) -> Result<()> {
+    let mut ids: SmallVec<[ArrayId; 4]> = smallvec::smallvec![target];
+    ids.extend_from_slice(inputs);
+    let mut ctx = lock_arrays(&ids, &[]);
+    // Wait until no op reads the target outside a lock (they hold none, so they
+    // finish; new ones cannot start while we hold the buffer's shard).
+    loop {
+        let r = ctx.array(target)?;
+        let buf = ctx.buffer(r.buffer).buf.clone();
+        if !buf.has_outside_readers() {
+            break;
+        }
+        ctx.unlocked(|| wait_for_readers(&buf));
+    }
+    let r = ctx.array(target)?;
+    let tbuf = &ctx.buffer(r.buffer).buf;
+    // Inputs sharing the target's buffer are copied out first so reads never alias
+    // the write.
+    let mut copies: SmallVec<[Option<(Buffer, Layout)>; 2]> = SmallVec::new();
+    for &id in inputs {
+        let o = ctx.operand(id)?;
+        copies.push(if o.buf.addr() == tbuf.addr() && o.buf.bytes() != 0 {
+            Some(super::kernels::materialize(&o)?)
+        } else {
+            None
+        });
+    }
+    let mut ops = SmallVec::<[Operand<'_>; 2]>::new();
+    for (i, &id) in inputs.iter().enumerate() {
+        let mut o = ctx.operand(id)?;
+        if let Some((b, l)) = &copies[i] {
+            o.buf = b;
+            o.layout = l;
+        }
+        ops.push(o);
+    }
+    let t = OperandMut {
+        buf: tbuf,
+        layout: r.layout.clone(),
+        dtype: r.dtype,
+        id: target,
+        created_at: r.created_at,
+    };
+    f(t, &ops)
+}
+
+/// Read an array under the locks of its shard and its buffer's.
+pub(crate) fn read<R>(id: ArrayId, f: impl FnOnce(&Operand<'_>) -> R) -> Result<R> {
+    let ctx = lock_arrays(&[id], &[]);
+    let o = ctx.operand(id)?;
+    Ok(f(&o))
+}

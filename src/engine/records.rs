@@ -1,0 +1,190 @@
+//! The records: what the engine knows of an array, a buffer and a scope, and the
+//! forensics kept after an array is freed (tombstones that make use-after-close errors
+//! name the array, its creating line, and where and why it was freed).
+//!
+//! The array record keeps its hot fields (buffer, layout, dtype, owner, scope
+//! registrations, counts) together; the diagnostics it carries are one `&'static`
+//! creation site (always) and a backtrace only in verbose mode.
+
+use super::Buffer;
+use super::Layout;
+use super::shard::{Ctx, Shard};
+use super::slab::{ArrayId, BufId, MgrId, ScopeId};
+use crate::DType;
+use crate::Shape;
+use crate::error::{ArrayDesc, CloseReason, ClosedInfo, NdError, SourceLocation};
+use smallvec::SmallVec;
+use std::sync::Arc;
+
+/// Something a manager or a scope owns and closes once when it closes.
+///
+/// Arrays are handled by the engine directly; implement this for your own native
+/// handles, or use [`crate::NDList`], to make them live and die with a manager or scope.
+pub trait Resource: Send {
+    /// Release the resource. Called exactly once, never under an engine lock, so it may
+    /// use ndscope freely.
+    fn close(&mut self);
+}
+
+pub(crate) struct ArrayRec {
+    pub buffer: BufId,
+    pub layout: Layout,
+    pub dtype: DType,
+    pub manager: MgrId,
+    /// Position in the manager's array list of this shard.
+    pub mgr_pos: u32,
+    /// Scope registrations: scope and position in its list.
+    pub scopes: SmallVec<[(ScopeId, u32); 1]>,
+    pub retains: u32,
+    pub created_at: SourceLocation,
+    #[cfg_attr(feature = "untracked", allow(dead_code))]
+    pub created_bt: Option<Arc<str>>,
+    pub temp_home: Option<MgrId>,
+    // ---- autograd (see `crate::autograd`): a small, self-contained addition.
+    /// The gradient array of a parameter (`set_requires_gradient(true)`); freed with it.
+    pub grad: Option<ArrayId>,
+    /// Holds by gradient tapes: like retains they keep the array alive past the close of
+    /// its scopes, but they are not user references (not in `ref_count`), so dropping
+    /// the last one frees the array only if a scope close wanted to free it meanwhile.
+    pub holds: u32,
+    /// Set (to the scope's opening site) when a scope close left the array alive only
+    /// because of tape holds; the last `unhold` then frees it.
+    pub orphaned: Option<SourceLocation>,
+}
+
+/// A data buffer and the arrays that view it.
+pub(crate) struct BufMeta {
+    pub buf: Arc<Buffer>,
+    /// Arrays viewing this buffer; the first is the one its bytes are charged to.
+    pub holders: SmallVec<[ArrayId; 2]>,
+    /// Whether a holder ever lived in another shard (then freeing a holder may move the
+    /// charge across shards, so it runs under every shard's lock).
+    pub foreign: bool,
+}
+
+/// A scope: its parent on the same thread and the arrays registered in it.
+pub(crate) struct ScopeRec {
+    pub parent: Option<ScopeId>,
+    /// Nesting depth on its thread (outermost = 0), to find the innermost registration.
+    pub depth: u32,
+    pub arrays: Vec<ArrayId>,
+    pub opened_at: SourceLocation,
+    pub resources: Vec<Box<dyn Resource>>,
+}
+
+/// Why an array was freed, as recorded on the hot path (expanded into a
+/// [`CloseReason`] only when an error reports it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Cause {
+    Explicit,
+    Release,
+    /// The scope opened at this line closed.
+    Scope(SourceLocation),
+    /// This manager closed (its name is looked up when reported).
+    Manager(MgrId),
+}
+
+/// Backtraces at creation and at close (verbose mode).
+pub(crate) type Traces = (Option<Arc<str>>, Option<Arc<str>>);
+
+/// What a freed array was: the compact tombstone kept in its shard's graveyard.
+pub(crate) struct Tomb {
+    pub shape: Shape,
+    pub dtype: DType,
+    pub created_at: SourceLocation,
+    pub closed_at: Option<SourceLocation>,
+    pub cause: Cause,
+}
+
+impl Shard {
+    /// The record of a live array of this shard.
+    #[inline]
+    pub(crate) fn rec(&self, id: ArrayId) -> crate::Result<&ArrayRec> {
+        match self.arrays.get(id) {
+            Some(r) => Ok(r),
+            None => Err(self.closed_error(id)),
+        }
+    }
+
+    /// Why `id` (a dead array of this shard) is not live.
+    #[cold]
+    pub(crate) fn closed_error(&self, id: ArrayId) -> NdError {
+        let Some(t) = self.graves.find(id) else {
+            return NdError::ClosedUnknown { uid: id.uid() };
+        };
+        let reason = match t.cause {
+            Cause::Explicit => CloseReason::Explicit,
+            Cause::Release => CloseReason::Release,
+            Cause::Scope(opened_at) => CloseReason::ScopeClose { opened_at },
+            Cause::Manager(mid) => CloseReason::ManagerClose {
+                manager: super::managers::name_of(mid),
+            },
+        };
+        let (created_backtrace, closed_backtrace) =
+            self.traces.find(id).cloned().unwrap_or_default();
+        NdError::Closed(Box::new(ClosedInfo {
+            array: ArrayDesc {
+                uid: id.uid(),
+                shape: t.shape.clone(),
+                dtype: t.dtype,
+                created_at: t.created_at,
+            },
+            closed_at: t.closed_at,
+            reason,
+            created_backtrace,
+            closed_backtrace,
+        }))
+    }
+}
+
+impl Ctx {
+    /// The record of a live array (its shard must be locked).
+    #[inline]
+    pub(crate) fn array(&self, id: ArrayId) -> crate::Result<&ArrayRec> {
+        self.shr(id.shard).rec(id)
+    }
+
+    /// The record of a live array, for changing it.
+    #[inline]
+    pub(crate) fn array_mut(&mut self, id: ArrayId) -> &mut ArrayRec {
+        self.sh(id.shard)
+            .arrays
+            .get_mut(id)
+            .expect("engine invariant: linked array is live")
+    }
+
+    pub(crate) fn is_live(&self, id: ArrayId) -> bool {
+        self.shr(id.shard).arrays.get(id).is_some()
+    }
+
+    pub(crate) fn buffer(&self, id: BufId) -> &BufMeta {
+        self.shr(id.shard)
+            .buffers
+            .get(id)
+            .expect("engine invariant: live array has a buffer")
+    }
+
+    pub(crate) fn desc(&self, id: ArrayId) -> crate::Result<Box<ArrayDesc>> {
+        let r = self.array(id)?;
+        Ok(Box::new(ArrayDesc {
+            uid: id.uid(),
+            shape: r.layout.shape.clone(),
+            dtype: r.dtype,
+            created_at: r.created_at,
+        }))
+    }
+
+    /// Bytes charged to this array: its buffer's size if it is the buffer's first
+    /// holder, else 0 (views share their base's bytes).
+    pub(crate) fn charged_bytes(&self, id: ArrayId) -> usize {
+        let Ok(r) = self.array(id) else {
+            return 0;
+        };
+        let meta = self.buffer(r.buffer);
+        if meta.holders.first() == Some(&id) {
+            meta.buf.bytes()
+        } else {
+            0
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Scopes on locked shards. A scope's record lives in the shard of the thread that
+//! opened it; an array registered in it may live in another shard (an array made on
+//! another thread and registered by hand), in which case the operation holds both.
+
+use super::records::{Cause, Resource, ScopeRec};
+use super::shard::{CURRENT_SCOPE, Ctx};
+use super::slab::{ArrayId, ScopeId};
+use crate::error::{NdError, Result, SourceLocation};
+use smallvec::SmallVec;
+
+pub(crate) fn current_scope() -> Option<ScopeId> {
+    CURRENT_SCOPE.with(|c| c.get())
+}
+
+impl Ctx {
+    /// Register `id` in scope `sid` (no-op if it already is or the scope is closed).
+    pub(crate) fn register(&mut self, sid: ScopeId, id: ArrayId) {
+        let Some(scope) = self.shr(sid.shard).scopes.get(sid) else {
+            return;
+        };
+        let pos = scope.arrays.len() as u32;
+        let r = self.array_mut(id);
+        if r.scopes.iter().any(|&(s, _)| s == sid) {
+            return;
+        }
+        r.scopes.push((sid, pos));
+        r.orphaned = None;
+        self.sh(sid.shard)
+            .scopes
+            .get_mut(sid)
+            .expect("checked")
+            .arrays
+            .push(id);
+    }
+
+    /// Remove the entry at `pos` of scope `sid`'s list, fixing the moved entry.
+    pub(crate) fn scope_unlink_at(&mut self, sid: ScopeId, pos: usize) {
+        let Some(scope) = self.sh(sid.shard).scopes.get_mut(sid) else {
+            return;
+        };
+        scope.arrays.swap_remove(pos);
+        if let Some(&moved) = scope.arrays.get(pos) {
+            let r = self.array_mut(moved);
+            if let Some(e) = r.scopes.iter_mut().find(|(s, _)| *s == sid) {
+                e.1 = pos as u32;
+            }
+        }
+    }
+
+    /// Drop `id`'s registration in `sid`; returns whether it had one.
+    fn unregister_from(&mut self, sid: ScopeId, id: ArrayId) -> bool {
+        let Some(r) = self.sh(id.shard).arrays.get_mut(id) else {
+            return false;
+        };
+        let Some(i) = r.scopes.iter().position(|&(s, _)| s == sid) else {
+            return false;
+        };
+        let (_, pos) = r.scopes.swap_remove(i);
+        self.scope_unlink_at(sid, pos as usize);
+        true
+    }
+
+    /// Move `id`'s registration in `sid` to `sid`'s parent scope (or drop it at the
+    /// outermost scope). Arrays not registered in `sid` are left alone.
+    pub(crate) fn escape(&mut self, sid: ScopeId, id: ArrayId) -> Result<()> {
+        self.array(id)?;
+        if self.unregister_from(sid, id) {
+            let parent = self.shr(sid.shard).scopes.get(sid).and_then(|s| s.parent);
+            if let Some(p) = parent {
+                self.register(p, id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove `id` from every scope.
+    pub(crate) fn unregister_all(&mut self, id: ArrayId) -> Result<()> {
+        self.array(id)?;
+        while let Some((sid, pos)) = self.array_mut(id).scopes.pop() {
+            self.scope_unlink_at(sid, pos as usize);
+        }
+        Ok(())
+    }
+
+    /// Open a scope of this thread in shard `s` (this thread's).
+    pub(crate) fn open_scope(&mut self, s: u32, at: SourceLocation) -> ScopeId {
+        let parent = current_scope();
+        let sh = self.sh(s);
+        let depth = parent
+            .and_then(|p| sh.scopes.get(p))
+            .map_or(0, |p| p.depth + 1);
+        let arrays = sh.spare_lists.pop().unwrap_or_default();
+        let id = sh.scopes.insert(ScopeRec {
+            parent,
+            depth,
+            arrays,
+            opened_at: at,
+            resources: Vec::new(),
+        });
+        CURRENT_SCOPE.with(|c| c.set(Some(id)));
+        id
+    }
+
+    /// The scopes a close of `sid` closes: from this thread's innermost up to `sid`.
+    pub(crate) fn close_chain(&self, sid: ScopeId) -> Result<SmallVec<[ScopeId; 4]>> {
+        let mut chain = SmallVec::new();
+        let mut cur = current_scope();
+        while let Some(c) = cur {
+            chain.push(c);
+            if c == sid {
+                return Ok(chain);
+            }
+            cur = self.shr(c.shard).scopes.get(c).and_then(|s| s.parent);
+        }
+        Err(NdError::Scope {
+            msg: "this scope is not open on the current thread".into(),
+        })
+    }
+
+    /// Whether closing these scopes touches only their shard.
+    pub(crate) fn close_is_local(&self, chain: &[ScopeId]) -> bool {
+        chain.iter().all(|c| {
+            self.shr(c.shard).scopes.get(*c).is_none_or(|s| {
+                s.arrays
+                    .iter()
+                    .all(|a| a.shard == c.shard && self.free_is_local(*a))
+            })
+        })
+    }
+
+    /// Close the scopes of `chain` (innermost first). Returns the resources to close
+    /// once no lock is held.
+    pub(crate) fn close_scopes(
+        &mut self,
+        chain: &[ScopeId],
+        at: Option<SourceLocation>,
+    ) -> Vec<Box<dyn Resource>> {
+        let mut resources = Vec::new();
+        for &c in chain {
+            let Some(mut scope) = self.sh(c.shard).scopes.remove(c) else {
+                continue;
+            };
+            for id in scope.arrays.drain(..) {
+                let Some(r) = self.sh(id.shard).arrays.get_mut(id) else {
+                    continue;
+                };
+                if let Some(i) = r.scopes.iter().position(|&(s, _)| s == c) {
+                    r.scopes.swap_remove(i);
+                }
+                if r.scopes.is_empty() && r.retains == 0 && r.holds > 0 {
+                    // Kept for a gradient tape; its last `unhold` frees it.
+                    r.orphaned = Some(scope.opened_at);
+                } else if r.scopes.is_empty() && r.retains == 0 {
+                    self.free_array(id, at, Cause::Scope(scope.opened_at));
+                }
+            }
+            resources.extend(scope.resources.into_iter().rev());
+            CURRENT_SCOPE.with(|cs| cs.set(scope.parent));
+            // Keep the emptied list for the next scope (a steady loop then opens scopes
+            // without allocating); drop very large or surplus ones.
+            let sh = self.sh(c.shard);
+            if sh.spare_lists.len() < 64 && scope.arrays.capacity() <= 1 << 16 {
+                sh.spare_lists.push(scope.arrays);
+            }
+        }
+        resources
+    }
+
+    pub(crate) fn scope_add_resource(
+        &mut self,
+        sid: ScopeId,
+        r: Box<dyn Resource>,
+    ) -> std::result::Result<(), Box<dyn Resource>> {
+        match self.sh(sid.shard).scopes.get_mut(sid) {
+            Some(s) => {
+                s.resources.push(r);
+                Ok(())
+            }
+            None => Err(r),
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! Shards: where records live, and how operations lock them.
+//!
+//! Every thread that uses ndscope gets a shard of its own (a `Mutex<Shard>`): the
+//! records of the arrays, buffers and scopes it creates, its share of every manager's
+//! array list and counters ([`MgrEntry`]), and its graveyard of recently freed arrays.
+//! A thread working on its own arrays locks only its own shard, which no other thread
+//! touches unless it uses those arrays, so independent threads never contend.
+//!
+//! Any thread may lock any shard: cross-thread use is ordinary, just not free. An
+//! operation first looks at the records it will touch under the lock of the shard that
+//! holds its main record ([`Ctx::one`]); if everything it will modify lives in that
+//! shard it proceeds, otherwise it drops the lock and runs under the locks of every
+//! shard ([`Ctx::all`]), taken in index order (the one lock order, so no deadlock).
+//! The global manager table ([`super::managers`]) may be locked while shard locks are
+//! held, never the other way round.
+//!
+//! Shards are never freed: a thread that exits leaves its shard (and the records in
+//! it) to the next new thread, so arrays outlive the thread that made them and shards
+//! stay bounded by the number of threads alive at once.
+
+use super::Buffer;
+use super::managers::MgrEntry;
+use super::records::ScopeRec;
+use super::records::{ArrayRec, BufMeta, Tomb, Traces};
+use super::slab::{ArrayId, ArrayK, Graveyard, ScopeId, Serials, Slab};
+use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
+use std::cell::Cell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+/// A freed array's details (creating line, close site and reason) survive this many
+/// later frees of arrays of the same shard; after that a use of it reports
+/// `NdError::ClosedUnknown`.
+pub(crate) const CLOSED_DETAILS_KEPT: usize = 4096;
+
+/// At most this many threads may use ndscope at the same time.
+const MAX_SHARDS: usize = 4096;
+
+pub(crate) static ARRAY_SERIALS: Serials = Serials::new();
+pub(crate) static BUFFER_SERIALS: Serials = Serials::new();
+pub(crate) static SCOPE_SERIALS: Serials = Serials::new();
+
+/// One thread's records.
+pub(crate) struct Shard {
+    pub arrays: Slab<ArrayK, ArrayRec>,
+    pub buffers: Slab<super::slab::BufferK, BufMeta>,
+    pub scopes: Slab<super::slab::ScopeK, ScopeRec>,
+    /// This shard's part of each manager, indexed by the manager's slot index.
+    pub mgrs: Vec<Option<MgrEntry>>,
+    /// Parameters (arrays with a gradient) whose records live here: what a collector
+    /// on this thread zeroes. Dead ones are pruned when a collector starts.
+    pub params: Vec<ArrayId>,
+    /// What recently freed arrays were, for use-after-close errors.
+    pub graves: Graveyard<ArrayK, Tomb>,
+    /// Backtraces of recently freed arrays (verbose mode only).
+    pub traces: Graveyard<ArrayK, Traces>,
+    /// Emptied `Arc<Buffer>` shells kept for reuse, so a new buffer costs no allocation
+    /// for its `Arc` (the block itself comes from the caching pool).
+    pub spare_arcs: Vec<Arc<Buffer>>,
+    /// Emptied scope array lists kept for reuse by the next scopes.
+    pub spare_lists: Vec<Vec<ArrayId>>,
+}
+
+impl Shard {
+    fn new(index: u32) -> Shard {
+        Shard {
+            arrays: Slab::new(index, &ARRAY_SERIALS),
+            buffers: Slab::new(index, &BUFFER_SERIALS),
+            scopes: Slab::new(index, &SCOPE_SERIALS),
+            mgrs: Vec::new(),
+            params: Vec::new(),
+            graves: Graveyard::new(CLOSED_DETAILS_KEPT + 1),
+            traces: Graveyard::new(CLOSED_DETAILS_KEPT + 1),
+            spare_arcs: Vec::new(),
+            spare_lists: Vec::new(),
+        }
+    }
+}
+
+/// The shard table: leaked `Mutex<Shard>`s, published once and never freed.
+static SHARDS: [AtomicPtr<Mutex<Shard>>; MAX_SHARDS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SHARDS];
+/// Number of shards created so far (all of `SHARDS[..count]` are published).
+static SHARD_COUNT: AtomicUsize = AtomicUsize::new(0);
+/// Shards whose thread exited, for the next new thread.
+static FREE_SHARDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// No shard assigned to this thread yet.
+const UNSET: u32 = u32::MAX;
+/// This thread is exiting: use shard 0 for whatever its destructors still do.
+const EXITED: u32 = u32::MAX - 1;
+
+thread_local! {
+    /// This thread's shard index.
+    static MY_SHARD: Cell<u32> = const { Cell::new(UNSET) };
+    /// Gives the shard back when the thread exits.
+    static RETURN_SHARD: ShardReturn = const { ShardReturn };
+    /// The innermost open scope of this thread.
+    pub(crate) static CURRENT_SCOPE: Cell<Option<ScopeId>> = const { Cell::new(None) };
+}
+
+struct ShardReturn;
+
+impl Drop for ShardReturn {
+    fn drop(&mut self) {
+        let s = MY_SHARD.with(|c| c.replace(EXITED));
+        if s < EXITED {
+            FREE_SHARDS.lock().push(s);
+        }
+    }
+}
+
+/// The shard with this index (it exists: ids only name published shards).
+#[inline]
+pub(crate) fn shard(index: u32) -> &'static Mutex<Shard> {
+    let p = SHARDS[index as usize].load(Ordering::Acquire);
+    debug_assert!(!p.is_null());
+    // SAFETY: published pointers come from `Box::leak` and are never freed or replaced.
+    unsafe { &*p }
+}
+
+/// This thread's shard index (assigned on first use).
+#[inline]
+pub(crate) fn my_shard() -> u32 {
+    let s = MY_SHARD.with(Cell::get);
+    if s < EXITED {
+        return s;
+    }
+    if s == EXITED {
+        return 0;
+    }
+    assign_shard()
+}
+
+#[cold]
+fn assign_shard() -> u32 {
+    let mut free = FREE_SHARDS.lock();
+    let index = match free.pop() {
+        Some(i) => i,
+        None => {
+            let i = SHARD_COUNT.load(Ordering::Acquire);
+            assert!(
+                i < MAX_SHARDS,
+                "ndscope: more than {MAX_SHARDS} threads use arrays at the same time"
+            );
+            let p = Box::leak(Box::new(Mutex::new(Shard::new(i as u32))));
+            SHARDS[i].store(p, Ordering::Release);
+            SHARD_COUNT.store(i + 1, Ordering::Release);
+            i as u32
+        }
+    };
+    drop(free);
+    MY_SHARD.with(|c| c.set(index));
+    // Registers the destructor that hands the shard back at thread exit.
+    RETURN_SHARD.with(|_| {});
+    index
+}
+
+/// Number of shards created so far.
+pub(crate) fn shard_count() -> usize {
+    SHARD_COUNT.load(Ordering::Acquire)
+}
+
+/// The shards an operation holds locked.
+pub(crate) enum Ctx {
+    /// One shard (the common case).
+    One(u32, MutexGuard<'static, Shard>),
+    /// A few shards, sorted by index.
+    Some(SmallVec<[(u32, MutexGuard<'static, Shard>); 3]>),
+    /// Every shard, by index.
+    All(Vec<MutexGuard<'static, Shard>>),
+}
+
+impl Ctx {
+    /// Lock one shard.
+    #[inline]
+    pub(crate) fn one(s: u32) -> Ctx {
+        Ctx::One(s, shard(s).lock())
+    }
+
+    /// Lock these shards (in index order).
+    pub(crate) fn set(shards: &[u32]) -> Ctx {
+        let mut v: SmallVec<[u32; 3]> = shards.iter().copied().collect();
+        v.sort_unstable();
+        v.dedup();
+        if v.len() == 1 {
+            return Ctx::one(v[0]);
+        }
+        Ctx::Some(v.into_iter().map(|s| (s, shard(s).lock())).collect())
+    }
+
+    /// Lock every shard (in index order).
+    pub(crate) fn all() -> Ctx {
+        my_shard(); // this thread's shard exists before the count is read
+        let n = shard_count();
+        Ctx::All((0..n as u32).map(|s| shard(s).lock()).collect())
+    }
+
+    /// Whether shard `s` is locked here.
+    #[inline]
+    pub(crate) fn holds(&self, s: u32) -> bool {
+        match self {
+            Ctx::One(i, _) => *i == s,
+            Ctx::Some(v) => v.iter().any(|(i, _)| *i == s),
+            Ctx::All(v) => (s as usize) < v.len(),
+        }
+    }
+
+    /// Shard `s`, which must be locked here.
+    #[inline]
+    pub(crate) fn sh(&mut self, s: u32) -> &mut Shard {
+        match self {
+            Ctx::One(i, g) if *i == s => g,
+            Ctx::Some(v) => match v.iter_mut().find(|(i, _)| *i == s) {
+                Some((_, g)) => g,
+                None => not_held(s),
+            },
+            Ctx::All(v) if (s as usize) < v.len() => &mut v[s as usize],
+            _ => not_held(s),
+        }
+    }
+
+    /// Shard `s` for reading, which must be locked here.
+    #[inline]
+    pub(crate) fn shr(&self, s: u32) -> &Shard {
+        match self {
+            Ctx::One(i, g) if *i == s => g,
+            Ctx::Some(v) => match v.iter().find(|(i, _)| *i == s) {
+                Some((_, g)) => g,
+                None => not_held(s),
+            },
+            Ctx::All(v) if (s as usize) < v.len() => &v[s as usize],
+            _ => not_held(s),
+        }
+    }
+
+    /// The indices of the locked shards.
+    pub(crate) fn held(&self) -> SmallVec<[u32; 4]> {
+        match self {
+            Ctx::One(i, _) => smallvec::smallvec![*i],
+            Ctx::Some(v) => v.iter().map(|(i, _)| *i).collect(),
+            Ctx::All(v) => (0..v.len() as u32).collect(),
+        }
+    }
+
+    /// Run `f` with every lock released, then lock the same shards again.
+    pub(crate) fn unlocked<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let all = matches!(self, Ctx::All(_));
+        let held = self.held();
+        drop(std::mem::replace(self, Ctx::Some(SmallVec::new())));
+        let r = f();
+        *self = if all { Ctx::all() } else { Ctx::set(&held) };
+        r
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn not_held(s: u32) -> ! {
+    panic!("ndscope engine invariant: shard {s} used without its lock")
+}
