@@ -304,3 +304,51 @@ fn large_arrays_take_the_unlocked_path_correctly() {
     assert_eq!(w.to_vec::<f32>().unwrap()[n - 1], (n - 1) as f32);
     m.close();
 }
+
+/// Issue 11: elementwise ops on a zero-size view whose offset is not 0 (row 1 of a
+/// [2, 0] array) give an empty array of the right shape instead of panicking.
+#[test]
+fn zero_size_views_with_an_offset() {
+    let m = NDManager::new();
+    for dtype in [DType::F64, DType::F32, DType::I64, DType::U8] {
+        let z = m.zeros([3, 0], dtype).get("1");
+        assert_eq!(z.shape().dims(), &[0]);
+        if dtype.is_float() {
+            assert_eq!(z.try_sin().unwrap().shape().dims(), &[0]);
+        }
+        let checks = [
+            z.try_abs().unwrap(),
+            z.try_neg().unwrap(),
+            z.try_relu().unwrap(),
+            z.try_add(z).unwrap(),
+            z.try_add(1).unwrap(),
+            z.try_mul(z).unwrap(),
+            z.try_maximum(z).unwrap(),
+            z.try_maximum(0).unwrap(),
+            z.try_minimum(z).unwrap(),
+            z.try_pow(2).unwrap(),
+            z.try_eq(z).unwrap(),
+            z.try_lt(z).unwrap(),
+            z.try_ge(0).unwrap(),
+            z.try_to_dtype(DType::F32).unwrap(),
+            z.try_to_dtype(DType::Bool).unwrap(),
+        ];
+        for r in checks {
+            assert_eq!(r.shape().dims(), &[0], "{dtype:?}");
+            assert_eq!(r.size(), 0);
+        }
+        // Broadcasting against another zero-size view, and a zero-size view of a
+        // zero-size view.
+        let w = m.zeros([2, 3, 0], dtype).get("1");
+        assert_eq!(w.try_add(z).unwrap().shape().dims(), &[3, 0]);
+        assert_eq!(w.get("2").try_sub(z).unwrap().shape().dims(), &[0]);
+    }
+    let f = m.zeros([2, 0], DType::F64).get("1");
+    assert_eq!(f.sin().to_vec::<f64>().unwrap(), Vec::<f64>::new());
+    assert_eq!(f.ge(f).to_vec::<bool>().unwrap(), Vec::<bool>::new());
+    assert_eq!(f.sum().to_scalar::<f64>().unwrap(), 0.0);
+    assert_eq!(f.prod().to_scalar::<f64>().unwrap(), 1.0);
+    assert!(f.mean().to_scalar::<f64>().unwrap().is_nan());
+    assert_eq!(f.softmax(-1).shape().dims(), &[0]);
+    m.close();
+}
