@@ -352,3 +352,82 @@ fn zero_size_views_with_an_offset() {
     assert_eq!(f.softmax(-1).shape().dims(), &[0]);
     m.close();
 }
+
+/// Issue 11: a Bool array compares with a scalar as numbers (false = 0, true = 1), as
+/// numpy does; the scalar is not converted to a Bool or a wrapped `u8` first.
+#[test]
+fn bool_array_compares_with_scalars_numerically() {
+    let m = NDManager::new();
+    let b = m.create(&[false, true], [2]);
+    let v = |a: ndscope::NDArray| a.to_vec::<bool>().unwrap();
+    assert_eq!(v(b.ge(0.5)), vec![false, true]);
+    assert_eq!(v(b.gt(0.5)), vec![false, true]);
+    assert_eq!(v(b.le(0.5)), vec![true, false]);
+    assert_eq!(v(b.lt(0.5)), vec![true, false]);
+    assert_eq!(v(b.eq(0.5)), vec![false, false]);
+    assert_eq!(v(b.ne(0.5)), vec![true, true]);
+    assert_eq!(v(b.lt(-3)), vec![false, false]);
+    assert_eq!(v(b.gt(-3)), vec![true, true]);
+    assert_eq!(v(b.eq(1)), vec![false, true]);
+    assert_eq!(v(b.eq(2)), vec![false, false]);
+    assert_eq!(v(b.eq(0)), vec![true, false]);
+    assert_eq!(v(b.ge(256)), vec![false, false]);
+    assert_eq!(v(b.lt(f64::NAN)), vec![false, false]);
+    assert_eq!(v(b.ne(f64::NAN)), vec![true, true]);
+    m.close();
+}
+
+/// Issue 11: integer `pow` with a negative exponent: 1 and -1 are exact, other bases
+/// truncate to 0, and 0 to a negative power is 0 (numpy raises; documented on `pow`).
+#[test]
+fn integer_pow_with_negative_exponents() {
+    let m = NDManager::new();
+    let base = m.create(&[1i64, -1, -1, 2, -2, 0, 5], [7]);
+    assert_eq!(
+        base.pow(-1).to_vec::<i64>().unwrap(),
+        vec![1, -1, -1, 0, 0, 0, 0]
+    );
+    assert_eq!(
+        base.pow(-2).to_vec::<i64>().unwrap(),
+        vec![1, 1, 1, 0, 0, 0, 0]
+    );
+    let exps = m.create(&[-3i64, -3, -4, -1, -1, -2, i64::MIN], [7]);
+    assert_eq!(
+        base.pow(exps).to_vec::<i64>().unwrap(),
+        vec![1, -1, 1, 0, 0, 0, 0]
+    );
+    let e = m.create(&[i64::MIN, i64::MIN + 1], [2]);
+    assert_eq!(
+        m.create(&[-1i64, -1], [2]).pow(e).to_vec::<i64>().unwrap(),
+        vec![1, -1]
+    );
+    // Exponents past u32 are not truncated (2^(2^33+1) wraps to 0, not 2).
+    let big = m.create(&[-1i64, 2, 1, 3], [4]).pow((1i64 << 33) | 1);
+    assert_eq!(
+        big.to_vec::<i64>().unwrap(),
+        vec![
+            -1,
+            0,
+            1,
+            3i64.wrapping_pow(1 << 31).wrapping_pow(4).wrapping_mul(3)
+        ]
+    );
+    let b32 = m.create(&[1i32, -1, 3], [3]);
+    assert_eq!(b32.pow(-5).to_vec::<i32>().unwrap(), vec![1, -1, 0]);
+    m.close();
+}
+
+/// Issue 11: relu propagates NaN, like numpy's `maximum(x, 0)` and PyTorch's `relu`.
+#[test]
+fn relu_propagates_nan() {
+    let m = NDManager::new();
+    let x = m.create(&[f64::NAN, -1.0, 0.0, 2.0, -0.0], [5]);
+    let r = x.relu().to_vec::<f64>().unwrap();
+    assert!(r[0].is_nan());
+    assert_eq!(&r[1..], &[0.0, 0.0, 2.0, 0.0]);
+    let x32 = m.create(&[f32::NAN, 3.0], [2]);
+    let r = x32.relu().to_vec::<f32>().unwrap();
+    assert!(r[0].is_nan());
+    assert_eq!(r[1], 3.0);
+    m.close();
+}
