@@ -79,7 +79,7 @@ pub(crate) enum Rule {
     Scalar { op: BinOp, s: f64, left: bool },
     /// Elementwise unary math.
     Unary(UnOp),
-    /// `sum`/`mean`/`max`/`min` over `axes` (`None`: all).
+    /// `sum`/`mean`/`max`/`min`/`prod` over `axes` (`None`: all).
     Reduce {
         kind: ReduceKind,
         axes: Option<SmallVec<[isize; 4]>>,
@@ -117,6 +117,8 @@ pub(crate) enum ReduceKind {
     Max,
     /// min (ties share the gradient)
     Min,
+    /// prod (the product of the other elements; exact with zeros)
+    Prod,
 }
 
 impl Rule {
@@ -140,6 +142,7 @@ impl Rule {
             },
             Rule::Reduce { kind, .. } => match kind {
                 ReduceKind::Sum | ReduceKind::Mean => (0, false),
+                ReduceKind::Prod => (1, false),
                 _ => (1, true),
             },
             Rule::Matmul => (all, false),
