@@ -393,6 +393,9 @@ pub(crate) fn unary(x: NDArray, op: UnOp, at: SourceLocation) -> Result<NDArray>
 pub(crate) fn binary_inplace(x: NDArray, op: BinOp, rhs: Rhs) -> Result<()> {
     let name = op.name();
     autograd::check_inplace(name, x.id)?;
+    if let Rhs::Array(y) = rhs {
+        autograd::check_inplace_source(name, x.id, y.id)?;
+    }
     match rhs {
         Rhs::Array(y) => engine::run_inplace(x.id, &[y.id], |mut t, o| {
             let b = &o[0];

@@ -317,6 +317,33 @@ pub(crate) fn check_inplace(op: &'static str, id: Id) -> Result<()> {
     Ok(())
 }
 
+/// Error if writing `source` into `target` in place (`set`, `addi`, ...) would drop
+/// its gradient: while a collector records, `source` is a parameter or a recorded
+/// result, and the write is never recorded. Writes into a parameter (a leaf: an
+/// optimizer update, a parameter copy) are left to [`check_inplace`].
+pub(crate) fn check_inplace_source(op: &'static str, target: Id, source: Id) -> Result<()> {
+    if !RECORDING.with(Cell::get) {
+        return Ok(());
+    }
+    let (target_is_param, source_is_param) = {
+        let g = engine::lock();
+        (g.is_param(target), g.is_param(source))
+    };
+    if target_is_param {
+        return Ok(());
+    }
+    if source_is_param || TAPE.with(|t| t.borrow().tracked.contains(&source)) {
+        return Err(NdError::invalid(
+            op,
+            "the value requires a gradient (a parameter or a recorded result) but an \
+             in-place write is not recorded, so its gradient would be lost; build the \
+             result with recorded ops instead (e.g. concat, where_, arithmetic), or \
+             compute the value outside the GradientCollector if no gradient is wanted",
+        ));
+    }
+    Ok(())
+}
+
 /// Set every element of `id` to zero in place.
 fn zero_fill(id: Id) -> Result<()> {
     engine::run_inplace(id, &[], |mut t, _| {
