@@ -34,7 +34,7 @@ use ndscope::{
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::panic::{AssertUnwindSafe, Location, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -247,7 +247,7 @@ struct Model {
     bulk: Option<u64>,
     /// Process-wide (arrays, buffers, bytes) before the case.
     base: (usize, usize, usize),
-    base_sys: BTreeSet<NDArray>,
+    base_sys: HashSet<NDArray>,
 }
 
 fn counters() -> (usize, usize, usize) {
@@ -649,8 +649,8 @@ impl Model {
                 stats[m],
                 "manager {m} counters"
             );
-            let direct: BTreeSet<NDArray> = mm.h.arrays().into_iter().collect();
-            let model: BTreeSet<NDArray> = self
+            let direct: HashSet<NDArray> = mm.h.arrays().into_iter().collect();
+            let model: HashSet<NDArray> = self
                 .arrays
                 .iter()
                 .filter(|a| a.live && a.owner == m)
@@ -665,7 +665,7 @@ impl Model {
             assert_eq!(mm.h.children(), children, "manager {m} children");
         }
         // The system manager: detached arrays; the process-wide counters.
-        let sys: BTreeSet<NDArray> = NDManager::system().arrays().into_iter().collect();
+        let sys: HashSet<NDArray> = NDManager::system().arrays().into_iter().collect();
         let mut model_sys = self.base_sys.clone();
         model_sys.extend(
             self.arrays
@@ -680,8 +680,8 @@ impl Model {
         // Scopes: registrations.
         for (pos, (s, sid)) in self.stack.iter().enumerate() {
             assert!(s.is_open(), "scope at depth {pos}");
-            let real: BTreeSet<NDArray> = s.arrays().into_iter().collect();
-            let model: BTreeSet<NDArray> = self
+            let real: HashSet<NDArray> = s.arrays().into_iter().collect();
+            let model: HashSet<NDArray> = self
                 .arrays
                 .iter()
                 .filter(|a| a.live && a.scopes.contains(sid))

@@ -283,9 +283,9 @@ fn arrays_at_arbitrary_depth_in_the_result_escape() {
         assert_eq!(x.ref_count(), 1, "moved up exactly one level");
     }
     let mut in_outer = outer.arrays();
-    in_outer.sort();
+    in_outer.sort_by_key(|a| a.uid());
     let mut expected = vec![a, b, c];
-    expected.sort();
+    expected.sort_by_key(|a| a.uid());
     assert_eq!(in_outer, expected);
 
     // Options, Results, fixed arrays and boxes too.
