@@ -3,7 +3,7 @@
 //! (DESIGN.md rules 1-8).
 //!
 //! Actions: create, elementwise ops, views, open/close scopes (nested, closed out of
-//! order, by `close()` or by drop), `scope(|| ..)`, escape, scope attach, unregister /
+//! order, by `close()` or by drop), `scope(|| ..)`, escape, scope register, unregister /
 //! keep, retain, release, close an array, close a manager, new sub-manager, attach,
 //! detach, temp_attach, cap, uses of freed arrays, and a churn of more than 4096 frees
 //! (so that old tombstones are recycled and `ClosedUnknown` is exercised); autograd:
@@ -91,7 +91,7 @@ enum Action {
         k: usize,
         a: usize,
     },
-    ScopeAttach {
+    ScopeRegister {
         k: usize,
         a: usize,
     },
@@ -156,7 +156,7 @@ fn action() -> impl Strategy<Value = Action> {
         4 => (i(), any::<bool>()).prop_map(|(k, by_drop)| Action::CloseScope { k, by_drop }),
         2 => i().prop_map(|a| Action::Tidy { a }),
         3 => (i(), i()).prop_map(|(k, a)| Action::Escape { k, a }),
-        2 => (i(), i()).prop_map(|(k, a)| Action::ScopeAttach { k, a }),
+        2 => (i(), i()).prop_map(|(k, a)| Action::ScopeRegister { k, a }),
         2 => (i(), any::<bool>()).prop_map(|(a, keep)| Action::Unregister { a, keep }),
         3 => i().prop_map(|a| Action::Retain { a }),
         4 => i().prop_map(|a| Action::Release { a }),
@@ -812,17 +812,17 @@ impl Model {
                     x.scopes.insert(p);
                 }
             }
-            Action::ScopeAttach { k, a } => {
+            Action::ScopeRegister { k, a } => {
                 let Some(a) = self.pick(a) else { return };
                 if self.stack.is_empty() {
                     return;
                 }
                 let k = k % self.stack.len();
-                let r = self.stack[k].0.try_attach(self.arrays[a].h);
+                let r = self.stack[k].0.try_register(self.arrays[a].h);
                 if !self.arrays[a].live {
-                    return self.check_freed(a, "scope attach", r);
+                    return self.check_freed(a, "scope register", r);
                 }
-                r.expect("scope attach");
+                r.expect("scope register");
                 let sid = self.stack[k].1;
                 self.arrays[a].scopes.insert(sid);
             }
