@@ -102,7 +102,8 @@ fn zeroed_by_new_collector_accumulated_by_accumulating() -> Result<(), NdError> 
 fn one_collector_per_thread() {
     let _serial = serial();
     let _gc = GradientCollector::new();
-    assert!(GradientCollector::try_new(false).is_err());
+    assert!(GradientCollector::try_new().is_err());
+    assert!(GradientCollector::try_accumulating().is_err());
 }
 
 #[test]

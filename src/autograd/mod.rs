@@ -366,7 +366,13 @@ impl GradientCollector {
     #[allow(clippy::new_without_default)]
     #[track_caller]
     pub fn new() -> GradientCollector {
-        unwrap(Self::try_new(false))
+        unwrap(Self::try_new())
+    }
+
+    /// [`GradientCollector::new`]; `InvalidArgument` if a collector is already alive on
+    /// this thread.
+    pub fn try_new() -> Result<GradientCollector> {
+        Self::start("GradientCollector::new", false)
     }
 
     /// Start recording without zeroing gradients: `backward` adds to them (PyTorch's
@@ -374,16 +380,19 @@ impl GradientCollector {
     /// is already alive on this thread.
     #[track_caller]
     pub fn accumulating() -> GradientCollector {
-        unwrap(Self::try_new(true))
+        unwrap(Self::try_accumulating())
     }
 
-    /// [`GradientCollector::new`] (`accumulate == false`) or
     /// [`GradientCollector::accumulating`]; `InvalidArgument` if a collector is already
     /// alive on this thread.
-    pub fn try_new(accumulate: bool) -> Result<GradientCollector> {
+    pub fn try_accumulating() -> Result<GradientCollector> {
+        Self::start("GradientCollector::accumulating", true)
+    }
+
+    fn start(op: &'static str, accumulate: bool) -> Result<GradientCollector> {
         if COLLECTING.with(Cell::get) {
             return Err(NdError::invalid(
-                "GradientCollector::new",
+                op,
                 "a GradientCollector is already recording on this thread",
             ));
         }
