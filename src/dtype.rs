@@ -136,13 +136,29 @@ macro_rules! native_int {
             #[allow(unused_comparisons)]
             fn pow(self, o: Self) -> Self {
                 if o < 0 {
-                    // Integer powers with a negative exponent truncate toward zero.
-                    match self {
-                        1 => 1,
-                        _ => 0,
+                    // `1 / x^n` truncated toward zero: exact for 1 and -1 (-1 to an odd
+                    // power is -1), 0 for every other base, 0 for a base of 0 too (as
+                    // PyTorch's integer `pow`; numpy raises instead).
+                    if self == 1 {
+                        1
+                    } else if self.wrapping_add(1) == 0 {
+                        if o & 1 == 0 { 1 } else { self }
+                    } else {
+                        0
                     }
+                } else if let Ok(e) = u32::try_from(o as i64) {
+                    self.wrapping_pow(e)
                 } else {
-                    self.wrapping_pow(o as u32)
+                    // An exponent past u32 (I64 only): square and multiply, wrapping.
+                    let (mut base, mut e, mut acc) = (self, o as u64, 1 as $t);
+                    while e > 0 {
+                        if e & 1 == 1 {
+                            acc = acc.wrapping_mul(base);
+                        }
+                        base = base.wrapping_mul(base);
+                        e >>= 1;
+                    }
+                    acc
                 }
             }
             #[inline(always)]

@@ -14,9 +14,10 @@ use std::panic::Location;
 
 /// An owner of arrays, in a tree rooted at [`NDManager::system()`].
 ///
-/// A cheap, `Copy`-like handle (an id): clones refer to the same manager, and equality
-/// is identity. Arrays created through a manager belong to it; an op's result belongs
-/// to the manager of its first input.
+/// A handle (an id) that is `Clone` but not `Copy`: cloning is cheap and the clones
+/// refer to the same manager; dropping a handle closes nothing (close a manager with
+/// [`NDManager::close`]). Equality is identity. Arrays created through a manager belong
+/// to it; an op's result belongs to the manager of its first input.
 ///
 /// ```
 /// use ndscope::{DType, NDManager};

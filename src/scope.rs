@@ -69,15 +69,17 @@ impl NDScope {
         Ok(array)
     }
 
-    /// Register an array created elsewhere in this scope too (one more reference; the
-    /// scope's close releases it).
+    /// Register an array created elsewhere in this scope too (DJL's `NDScope.register`:
+    /// one more reference; the scope's close releases it). Registering an array this
+    /// scope already holds does nothing. Ownership does not change (to move an array
+    /// to another manager, see [`NDArray::attach`]).
     #[track_caller]
-    pub fn attach(&self, array: NDArray) -> NDArray {
-        unwrap(self.try_attach(array))
+    pub fn register(&self, array: NDArray) -> NDArray {
+        unwrap(self.try_register(array))
     }
 
-    /// [`NDScope::attach`], or `Closed`.
-    pub fn try_attach(&self, array: NDArray) -> Result<NDArray> {
+    /// [`NDScope::register`], or `Closed`.
+    pub fn try_register(&self, array: NDArray) -> Result<NDArray> {
         engine::register(self.id, array.id)?;
         Ok(array)
     }

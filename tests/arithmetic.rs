@@ -304,3 +304,130 @@ fn large_arrays_take_the_unlocked_path_correctly() {
     assert_eq!(w.to_vec::<f32>().unwrap()[n - 1], (n - 1) as f32);
     m.close();
 }
+
+/// Issue 11: elementwise ops on a zero-size view whose offset is not 0 (row 1 of a
+/// [2, 0] array) give an empty array of the right shape instead of panicking.
+#[test]
+fn zero_size_views_with_an_offset() {
+    let m = NDManager::new();
+    for dtype in [DType::F64, DType::F32, DType::I64, DType::U8] {
+        let z = m.zeros([3, 0], dtype).get("1");
+        assert_eq!(z.shape().dims(), &[0]);
+        if dtype.is_float() {
+            assert_eq!(z.try_sin().unwrap().shape().dims(), &[0]);
+        }
+        let checks = [
+            z.try_abs().unwrap(),
+            z.try_neg().unwrap(),
+            z.try_relu().unwrap(),
+            z.try_add(z).unwrap(),
+            z.try_add(1).unwrap(),
+            z.try_mul(z).unwrap(),
+            z.try_maximum(z).unwrap(),
+            z.try_maximum(0).unwrap(),
+            z.try_minimum(z).unwrap(),
+            z.try_pow(2).unwrap(),
+            z.try_eq(z).unwrap(),
+            z.try_lt(z).unwrap(),
+            z.try_ge(0).unwrap(),
+            z.try_to_dtype(DType::F32).unwrap(),
+            z.try_to_dtype(DType::Bool).unwrap(),
+        ];
+        for r in checks {
+            assert_eq!(r.shape().dims(), &[0], "{dtype:?}");
+            assert_eq!(r.size(), 0);
+        }
+        // Broadcasting against another zero-size view, and a zero-size view of a
+        // zero-size view.
+        let w = m.zeros([2, 3, 0], dtype).get("1");
+        assert_eq!(w.try_add(z).unwrap().shape().dims(), &[3, 0]);
+        assert_eq!(w.get("2").try_sub(z).unwrap().shape().dims(), &[0]);
+    }
+    let f = m.zeros([2, 0], DType::F64).get("1");
+    assert_eq!(f.sin().to_vec::<f64>().unwrap(), Vec::<f64>::new());
+    assert_eq!(f.ge(f).to_vec::<bool>().unwrap(), Vec::<bool>::new());
+    assert_eq!(f.sum().to_scalar::<f64>().unwrap(), 0.0);
+    assert_eq!(f.prod().to_scalar::<f64>().unwrap(), 1.0);
+    assert!(f.mean().to_scalar::<f64>().unwrap().is_nan());
+    assert_eq!(f.softmax(-1).shape().dims(), &[0]);
+    m.close();
+}
+
+/// Issue 11: a Bool array compares with a scalar as numbers (false = 0, true = 1), as
+/// numpy does; the scalar is not converted to a Bool or a wrapped `u8` first.
+#[test]
+fn bool_array_compares_with_scalars_numerically() {
+    let m = NDManager::new();
+    let b = m.create(&[false, true], [2]);
+    let v = |a: ndscope::NDArray| a.to_vec::<bool>().unwrap();
+    assert_eq!(v(b.ge(0.5)), vec![false, true]);
+    assert_eq!(v(b.gt(0.5)), vec![false, true]);
+    assert_eq!(v(b.le(0.5)), vec![true, false]);
+    assert_eq!(v(b.lt(0.5)), vec![true, false]);
+    assert_eq!(v(b.eq(0.5)), vec![false, false]);
+    assert_eq!(v(b.ne(0.5)), vec![true, true]);
+    assert_eq!(v(b.lt(-3)), vec![false, false]);
+    assert_eq!(v(b.gt(-3)), vec![true, true]);
+    assert_eq!(v(b.eq(1)), vec![false, true]);
+    assert_eq!(v(b.eq(2)), vec![false, false]);
+    assert_eq!(v(b.eq(0)), vec![true, false]);
+    assert_eq!(v(b.ge(256)), vec![false, false]);
+    assert_eq!(v(b.lt(f64::NAN)), vec![false, false]);
+    assert_eq!(v(b.ne(f64::NAN)), vec![true, true]);
+    m.close();
+}
+
+/// Issue 11: integer `pow` with a negative exponent: 1 and -1 are exact, other bases
+/// truncate to 0, and 0 to a negative power is 0 (numpy raises; documented on `pow`).
+#[test]
+fn integer_pow_with_negative_exponents() {
+    let m = NDManager::new();
+    let base = m.create(&[1i64, -1, -1, 2, -2, 0, 5], [7]);
+    assert_eq!(
+        base.pow(-1).to_vec::<i64>().unwrap(),
+        vec![1, -1, -1, 0, 0, 0, 0]
+    );
+    assert_eq!(
+        base.pow(-2).to_vec::<i64>().unwrap(),
+        vec![1, 1, 1, 0, 0, 0, 0]
+    );
+    let exps = m.create(&[-3i64, -3, -4, -1, -1, -2, i64::MIN], [7]);
+    assert_eq!(
+        base.pow(exps).to_vec::<i64>().unwrap(),
+        vec![1, -1, 1, 0, 0, 0, 0]
+    );
+    let e = m.create(&[i64::MIN, i64::MIN + 1], [2]);
+    assert_eq!(
+        m.create(&[-1i64, -1], [2]).pow(e).to_vec::<i64>().unwrap(),
+        vec![1, -1]
+    );
+    // Exponents past u32 are not truncated (2^(2^33+1) wraps to 0, not 2).
+    let big = m.create(&[-1i64, 2, 1, 3], [4]).pow((1i64 << 33) | 1);
+    assert_eq!(
+        big.to_vec::<i64>().unwrap(),
+        vec![
+            -1,
+            0,
+            1,
+            3i64.wrapping_pow(1 << 31).wrapping_pow(4).wrapping_mul(3)
+        ]
+    );
+    let b32 = m.create(&[1i32, -1, 3], [3]);
+    assert_eq!(b32.pow(-5).to_vec::<i32>().unwrap(), vec![1, -1, 0]);
+    m.close();
+}
+
+/// Issue 11: relu propagates NaN, like numpy's `maximum(x, 0)` and PyTorch's `relu`.
+#[test]
+fn relu_propagates_nan() {
+    let m = NDManager::new();
+    let x = m.create(&[f64::NAN, -1.0, 0.0, 2.0, -0.0], [5]);
+    let r = x.relu().to_vec::<f64>().unwrap();
+    assert!(r[0].is_nan());
+    assert_eq!(&r[1..], &[0.0, 0.0, 2.0, 0.0]);
+    let x32 = m.create(&[f32::NAN, 3.0], [2]);
+    let r = x32.relu().to_vec::<f32>().unwrap();
+    assert!(r[0].is_nan());
+    assert_eq!(r[1], 3.0);
+    m.close();
+}

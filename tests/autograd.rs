@@ -102,7 +102,8 @@ fn zeroed_by_new_collector_accumulated_by_accumulating() -> Result<(), NdError> 
 fn one_collector_per_thread() {
     let _serial = serial();
     let _gc = GradientCollector::new();
-    assert!(GradientCollector::try_new(false).is_err());
+    assert!(GradientCollector::try_new().is_err());
+    assert!(GradientCollector::try_accumulating().is_err());
 }
 
 #[test]
@@ -246,4 +247,62 @@ fn gradient_dies_with_its_parameter() {
     w.set_requires_gradient(false);
     assert!(g.is_closed() && !w.requires_gradient());
     m.close();
+}
+
+/// Issue 11: writing a value that needs a gradient into an unrecorded array in place
+/// would drop the gradient silently; it is an error instead (set and the in-place ops).
+#[test]
+fn inplace_write_of_a_tracked_value_is_an_error() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let w = m.create(&[1.0f32, 2.0], [2]).set_requires_gradient(true);
+    let z = m.zeros([3], DType::F32);
+    let gc = GradientCollector::new();
+    let v = w * 2.0;
+    let err = z.try_set("0:2", v).unwrap_err();
+    assert!(
+        matches!(err, NdError::InvalidArgument { op: "set", .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("gradient would be lost"), "{err}");
+    // A parameter itself as the value, and the in-place arithmetic ops.
+    assert!(matches!(
+        z.try_set("1:3", w),
+        Err(NdError::InvalidArgument { op: "set", .. })
+    ));
+    assert!(matches!(
+        z.get("0:2").try_addi(v),
+        Err(NdError::InvalidArgument { op: "add", .. })
+    ));
+    assert!(matches!(
+        z.get("0:2").try_muli(w),
+        Err(NdError::InvalidArgument { op: "mul", .. })
+    ));
+    assert_eq!(vals(z), vec![0.0; 3], "nothing was written");
+    // The panicking form panics with the error's message.
+    let msg = std::panic::catch_unwind(|| z.set("0:2", v))
+        .unwrap_err()
+        .downcast::<String>()
+        .map(|s| *s)
+        .unwrap_or_default();
+    assert_eq!(msg, z.try_set("0:2", v).unwrap_err().to_string());
+    // Untracked values are fine, and so is writing a tracked value into a
+    // parameter (an optimizer-style update, left to the parameter's own check).
+    let c = m.create(&[5.0f32, 6.0], [2]);
+    z.set("0:2", c);
+    z.set("2", 7.0);
+    let p = m.zeros([2], DType::F32).set_requires_gradient(true);
+    drop(gc);
+    let gc = GradientCollector::new();
+    p.try_set(":", w)?;
+    let loss = (w * z.get("0:2")).sum();
+    gc.backward(loss)?;
+    assert_eq!(vals(w.gradient()), vec![5.0, 6.0]);
+    drop(gc);
+    // Without a collector nothing is recorded and the write is allowed.
+    z.set("0:2", w * 2.0);
+    assert_eq!(vals(z), vec![2.0, 4.0, 7.0]);
+    assert_eq!(vals(p), vec![1.0, 2.0]);
+    m.close();
+    Ok(())
 }

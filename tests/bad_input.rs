@@ -140,7 +140,7 @@ fn array_fns() -> Vec<ArrayFn> {
         ("matmul (rhs)", |a, b| ok(b.try_matmul(a))),
         ("dot", |a, b| ok(a.try_dot(h_t(b)))),
         ("escape", |a, _| ok(NDScope::new().try_escape(a))),
-        ("scope attach", |a, _| ok(NDScope::new().try_attach(a))),
+        ("scope register", |a, _| ok(NDScope::new().try_register(a))),
     ]
 }
 

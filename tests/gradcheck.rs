@@ -27,13 +27,18 @@ fn values(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
 /// Check the gradient of `sum(f(inputs) * r)` (r random) for inputs of `shapes` with
 /// values in `[lo, hi)`.
 fn check(shapes: &[&[usize]], lo: f64, hi: f64, f: impl Fn(&[NDArray]) -> NDArray) {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let m = NDManager::new();
     let data: Vec<Vec<f64>> = shapes
         .iter()
         .enumerate()
         .map(|(i, s)| values(s.iter().product(), 7 + i as u64, lo, hi))
         .collect();
+    check_at(shapes, data, f);
+}
+
+/// [`check`] at given input values (e.g. with zeros where a rule has a special case).
+fn check_at(shapes: &[&[usize]], data: Vec<Vec<f64>>, f: impl Fn(&[NDArray]) -> NDArray) {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let m = NDManager::new();
     let make = |d: &[Vec<f64>]| -> Vec<NDArray> {
         d.iter()
             .zip(shapes)
@@ -147,6 +152,81 @@ fn reductions() {
     check(s, -2.0, 2.0, |x| x[0].max_axes(&[1], false));
     check(s, -2.0, 2.0, |x| x[0].min_axes(&[0, 2], true));
     check(s, -2.0, 2.0, |x| x[0].min());
+    check(s, 0.5, 1.5, |x| x[0].prod());
+    check(s, -2.0, 2.0, |x| x[0].prod_axes(&[1], false));
+    check(s, -2.0, 2.0, |x| x[0].prod_axes(&[0, -1], true));
+}
+
+/// `prod`'s gradient is the product of the other elements, also where some are 0
+/// (prod is linear in each element, so central differences are exact there too).
+#[test]
+fn prod_with_zeros() {
+    // Rows with no zero, one zero, two zeros and all zeros.
+    let rows = vec![
+        1.5, -2.0, 0.5, //
+        3.0, 0.0, -1.5, //
+        0.0, 2.0, 0.0, //
+        0.0, 0.0, 0.0,
+    ];
+    check_at(&[&[4, 3]], vec![rows.clone()], |x| {
+        x[0].prod_axes(&[1], false)
+    });
+    check_at(&[&[4, 3]], vec![rows.clone()], |x| {
+        x[0].prod_axes(&[-1], true)
+    });
+    check_at(&[&[4, 3]], vec![rows.clone()], |x| {
+        x[0].prod_axes(&[0], false)
+    });
+    check_at(&[&[3, 4]], vec![rows.clone()], |x| {
+        x[0].prod_axes(&[0, 1], false)
+    });
+    check_at(&[&[12]], vec![rows], |x| x[0].prod());
+    let one_zero = vec![2.0, 0.0, 3.0, -1.0];
+    check_at(&[&[4]], vec![one_zero], |x| x[0].prod());
+    check_at(&[&[2, 2]], vec![vec![0.0, 0.0, 1.0, 2.0]], |x| {
+        x[0].prod() * 2.0
+    });
+}
+
+/// The case: `prod` used to be unrecorded, so `w.prod() + w.sum()` gave [1, 1].
+#[test]
+fn prod_plus_sum_gradient() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let m = NDManager::new();
+    let w = m.create(&[2.0f64, 3.0], [2]).set_requires_gradient(true);
+    {
+        let gc = GradientCollector::new();
+        gc.backward(w.prod() + w.sum()).unwrap();
+    }
+    assert_eq!(w.gradient().to_vec::<f64>().unwrap(), vec![4.0, 3.0]);
+    let z = m
+        .create(&[0.0f32, 3.0, 0.5], [3])
+        .set_requires_gradient(true);
+    {
+        let gc = GradientCollector::new();
+        gc.backward(z.prod()).unwrap();
+    }
+    assert_eq!(z.gradient().to_vec::<f32>().unwrap(), vec![1.5, 0.0, 0.0]);
+    m.close();
+}
+
+/// relu passes NaN through; its gradient at NaN is 0 (as PyTorch's), like
+/// `maximum(x, 0.0)`'s.
+#[test]
+fn relu_gradient_at_nan() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let m = NDManager::new();
+    let x = m
+        .create(&[f64::NAN, -1.0, 2.0], [3])
+        .set_requires_gradient(true);
+    {
+        let gc = GradientCollector::new();
+        let y = x.relu();
+        assert!(y.to_vec::<f64>().unwrap()[0].is_nan());
+        gc.backward(y).unwrap();
+    }
+    assert_eq!(x.gradient().to_vec::<f64>().unwrap(), vec![0.0, 0.0, 1.0]);
+    m.close();
 }
 
 #[test]

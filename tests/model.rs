@@ -3,7 +3,7 @@
 //! (DESIGN.md rules 1-8).
 //!
 //! Actions: create, elementwise ops, views, open/close scopes (nested, closed out of
-//! order, by `close()` or by drop), `scope(|| ..)`, escape, scope attach, unregister /
+//! order, by `close()` or by drop), `scope(|| ..)`, escape, scope register, unregister /
 //! keep, retain, release, close an array, close a manager, new sub-manager, attach,
 //! detach, temp_attach, cap, uses of freed arrays, and a churn of more than 4096 frees
 //! (so that old tombstones are recycled and `ClosedUnknown` is exercised); autograd:
@@ -34,7 +34,7 @@ use ndscope::{
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::panic::{AssertUnwindSafe, Location, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -91,7 +91,7 @@ enum Action {
         k: usize,
         a: usize,
     },
-    ScopeAttach {
+    ScopeRegister {
         k: usize,
         a: usize,
     },
@@ -156,7 +156,7 @@ fn action() -> impl Strategy<Value = Action> {
         4 => (i(), any::<bool>()).prop_map(|(k, by_drop)| Action::CloseScope { k, by_drop }),
         2 => i().prop_map(|a| Action::Tidy { a }),
         3 => (i(), i()).prop_map(|(k, a)| Action::Escape { k, a }),
-        2 => (i(), i()).prop_map(|(k, a)| Action::ScopeAttach { k, a }),
+        2 => (i(), i()).prop_map(|(k, a)| Action::ScopeRegister { k, a }),
         2 => (i(), any::<bool>()).prop_map(|(a, keep)| Action::Unregister { a, keep }),
         3 => i().prop_map(|a| Action::Retain { a }),
         4 => i().prop_map(|a| Action::Release { a }),
@@ -247,7 +247,7 @@ struct Model {
     bulk: Option<u64>,
     /// Process-wide (arrays, buffers, bytes) before the case.
     base: (usize, usize, usize),
-    base_sys: std::collections::HashSet<NDArray>,
+    base_sys: HashSet<NDArray>,
 }
 
 fn counters() -> (usize, usize, usize) {
@@ -649,8 +649,8 @@ impl Model {
                 stats[m],
                 "manager {m} counters"
             );
-            let direct: std::collections::HashSet<NDArray> = mm.h.arrays().into_iter().collect();
-            let model: std::collections::HashSet<NDArray> = self
+            let direct: HashSet<NDArray> = mm.h.arrays().into_iter().collect();
+            let model: HashSet<NDArray> = self
                 .arrays
                 .iter()
                 .filter(|a| a.live && a.owner == m)
@@ -665,8 +665,7 @@ impl Model {
             assert_eq!(mm.h.children(), children, "manager {m} children");
         }
         // The system manager: detached arrays; the process-wide counters.
-        let sys: std::collections::HashSet<NDArray> =
-            NDManager::system().arrays().into_iter().collect();
+        let sys: HashSet<NDArray> = NDManager::system().arrays().into_iter().collect();
         let mut model_sys = self.base_sys.clone();
         model_sys.extend(
             self.arrays
@@ -681,8 +680,8 @@ impl Model {
         // Scopes: registrations.
         for (pos, (s, sid)) in self.stack.iter().enumerate() {
             assert!(s.is_open(), "scope at depth {pos}");
-            let real: std::collections::HashSet<NDArray> = s.arrays().into_iter().collect();
-            let model: std::collections::HashSet<NDArray> = self
+            let real: HashSet<NDArray> = s.arrays().into_iter().collect();
+            let model: HashSet<NDArray> = self
                 .arrays
                 .iter()
                 .filter(|a| a.live && a.scopes.contains(sid))
@@ -813,17 +812,17 @@ impl Model {
                     x.scopes.insert(p);
                 }
             }
-            Action::ScopeAttach { k, a } => {
+            Action::ScopeRegister { k, a } => {
                 let Some(a) = self.pick(a) else { return };
                 if self.stack.is_empty() {
                     return;
                 }
                 let k = k % self.stack.len();
-                let r = self.stack[k].0.try_attach(self.arrays[a].h);
+                let r = self.stack[k].0.try_register(self.arrays[a].h);
                 if !self.arrays[a].live {
-                    return self.check_freed(a, "scope attach", r);
+                    return self.check_freed(a, "scope register", r);
                 }
-                r.expect("scope attach");
+                r.expect("scope register");
                 let sid = self.stack[k].1;
                 self.arrays[a].scopes.insert(sid);
             }

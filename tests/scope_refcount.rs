@@ -78,9 +78,9 @@ fn retained_and_attached_to_an_outer_scope_survives_the_inner_one() {
         let _inner = NDScope::new();
         a = arr(&m);
         a.retain();
-        assert_eq!(outer.attach(a), a);
+        assert_eq!(outer.register(a), a);
         assert_eq!(a.ref_count(), 3);
-        outer.attach(a); // already registered there: no second registration
+        outer.register(a); // already registered there: no second registration
         assert_eq!(a.ref_count(), 3);
     }
     assert_eq!(a.ref_count(), 2);
@@ -215,7 +215,7 @@ fn close_and_manager_close_ignore_the_count() {
     let b = arr(&m);
     b.retain();
     let s = NDScope::new();
-    s.attach(b);
+    s.register(b);
     assert_eq!(b.ref_count(), 2);
     m.close();
     assert!(b.is_closed());
@@ -231,7 +231,7 @@ fn release_gives_up_the_innermost_registration() {
     let outer = NDScope::new();
     let inner = NDScope::new();
     let a = arr(&m);
-    outer.attach(a);
+    outer.register(a);
     assert_eq!(a.ref_count(), 2);
     assert!(!a.release());
     assert_eq!(

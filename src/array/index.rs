@@ -198,7 +198,10 @@ fn scalar_as<T: Native>(s: ScalarValue, dtype: DType) -> T {
 fn set(x: NDArray, index: &str, value: Rhs) -> Result<()> {
     crate::autograd::check_inplace("set", x.id)?;
     let ids = match value {
-        Rhs::Array(v) => vec![v.id],
+        Rhs::Array(v) => {
+            crate::autograd::check_inplace_source("set", x.id, v.id)?;
+            vec![v.id]
+        }
         Rhs::Scalar(_) => Vec::new(),
     };
     engine::run_inplace(x.id, &ids, |mut t, ops| {
@@ -279,6 +282,12 @@ impl NDArray {
     /// selected region) into the region `index` selects, in place. Views sharing the
     /// storage see the change. Panics on error (see [`NDArray::try_set`]).
     ///
+    /// The write is not recorded for autograd: while a [`GradientCollector`]
+    /// records, writing into an array the tape depends on, or writing a `value` that
+    /// is a parameter or a recorded result (its gradient would be lost), is an error.
+    ///
+    /// [`GradientCollector`]: crate::GradientCollector
+    ///
     /// ```
     /// use ndscope::{DType, NDManager};
     /// let m = NDManager::new();
@@ -295,7 +304,8 @@ impl NDArray {
 
     /// [`NDArray::set`]. Errors: `Index` (as for [`NDArray::try_get`]),
     /// `DTypeMismatch`, `ShapeMismatch` (the value does not broadcast to the region),
-    /// `Closed`.
+    /// `InvalidArgument` (while a collector records: `self` is an array the tape
+    /// depends on, or `value` is a parameter or a recorded result), `Closed`.
     pub fn try_set(self, index: &str, value: impl Into<Rhs>) -> Result<()> {
         set(self, index, value.into())
     }

@@ -42,6 +42,17 @@ use std::panic::Location;
 /// assert_eq!(d.to_vec::<f32>()?, vec![1.0, 3.0, 5.0]);
 /// # Ok::<(), ndscope::NdError>(())
 /// ```
+///
+/// Handles are deliberately not ordered (`a < b` does not compile; the elementwise
+/// comparisons are [`NDArray::lt`] and friends); to order arrays by identity, for a
+/// `BTreeMap` or a stable sort, use [`NDArray::uid`].
+///
+/// ```compile_fail
+/// # use ndscope::{DType, NDManager};
+/// let m = NDManager::new();
+/// let (a, b) = (m.ones([2], DType::F32), m.zeros([2], DType::F32));
+/// let _ = a < b; // identities have no order: use a.lt(b) (elementwise) or a.uid()
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct NDArray {
     pub(crate) id: ArrayId,

@@ -17,7 +17,8 @@ use std::panic::Location;
 pub enum Rhs {
     /// An array (broadcast against the left side).
     Array(NDArray),
-    /// A scalar, converted to the left side's dtype.
+    /// A scalar, converted to the left side's dtype (except in comparisons of integer
+    /// and Bool arrays, which compare as numbers: see [`NDArray::ge`]).
     Scalar(ScalarValue),
 }
 
@@ -305,10 +306,20 @@ pub(crate) fn comparison(x: NDArray, op: CmpOp, rhs: Rhs, at: SourceLocation) ->
         })?,
         Rhs::Scalar(s) => engine::run_op(name, &[x.id], at, |o| {
             let a = &o[0];
-            let buf = dispatch!(a.dtype, T => {
-                let s: T = s.cast();
-                per_cmpop!(op, O => kernels::map_unary::<T, u8>(a, move |p| compare(O, p, s)))
-            })?;
+            // Float arrays take the scalar in their dtype. Integer and Bool arrays
+            // compare as numbers (false = 0, true = 1), as numpy does: the scalar is
+            // not first truncated, wrapped or cast to Bool (`[0u8].lt(-3)` is false,
+            // `[1i32].ge(1.5)` is false, `[false, true].ge(0.5)` is `[false, true]`).
+            let buf = match s {
+                _ if a.dtype.is_float() => dispatch!(a.dtype, T => {
+                    let s: T = s.cast();
+                    per_cmpop!(op, O => kernels::map_unary::<T, u8>(a, move |p| compare(O, p, s)))
+                }),
+                ScalarValue::Int(s) => dispatch!(a.dtype, T => per_cmpop!(op, O =>
+                    kernels::map_unary::<T, u8>(a, move |p| compare(O, p.to_i64(), s)))),
+                ScalarValue::Float(s) => dispatch!(a.dtype, T => per_cmpop!(op, O =>
+                    kernels::map_unary::<T, u8>(a, move |p| compare(O, p.to_f64(), s)))),
+            }?;
             Ok(Output::New {
                 buf,
                 shape: a.shape().clone(),
@@ -339,13 +350,8 @@ fn num_un<T: Native>(op: UnOp, x: T) -> T {
         UnOp::Abs => x.abs(),
         UnOp::Neg => x.neg(),
         UnOp::Square => x.mul(x),
-        UnOp::Relu => {
-            if x > T::ZERO {
-                x
-            } else {
-                T::ZERO
-            }
-        }
+        // NaN propagates, as numpy's `maximum(x, 0)` and PyTorch's `relu`.
+        UnOp::Relu => x.max_of(T::ZERO),
         _ => unreachable!("float unary ops are handled by float_un"),
     }
 }
@@ -387,6 +393,9 @@ pub(crate) fn unary(x: NDArray, op: UnOp, at: SourceLocation) -> Result<NDArray>
 pub(crate) fn binary_inplace(x: NDArray, op: BinOp, rhs: Rhs) -> Result<()> {
     let name = op.name();
     autograd::check_inplace(name, x.id)?;
+    if let Rhs::Array(y) = rhs {
+        autograd::check_inplace_source(name, x.id, y.id)?;
+    }
     match rhs {
         Rhs::Array(y) => engine::run_inplace(x.id, &[y.id], |mut t, o| {
             let b = &o[0];
@@ -456,7 +465,10 @@ macro_rules! binary_methods {
 }
 
 binary_methods! {
-    /// Elementwise power `self ** rhs`, broadcasting.
+    /// Elementwise power `self ** rhs`, broadcasting. Integer powers wrap on overflow;
+    /// a negative integer exponent gives `1 / x^n` truncated toward zero: 1 for a base
+    /// of 1, 1 or -1 for a base of -1 (by the exponent's parity), and 0 for every other
+    /// base, 0 included (PyTorch's integer semantics; numpy raises an error instead).
     pow, try_pow, BinOp::Pow;
     /// Elementwise maximum (NaN propagates), broadcasting.
     maximum, try_maximum, BinOp::Maximum;
@@ -522,6 +534,12 @@ macro_rules! compare_methods {
             $(
                 $(#[$doc])*
                 /// Gives a Bool array; panics with the error's message on failure.
+                ///
+                /// With an array `rhs` both sides must have the same dtype. With a scalar
+                /// `rhs`, a float array takes the scalar in its dtype, while integer and
+                /// Bool arrays compare as numbers (false = 0, true = 1) without converting
+                /// the scalar first, as numpy does: `[false, true].ge(0.5)` is
+                /// `[false, true]` and a U8 array is never below -3.
                 #[track_caller]
                 #[allow(clippy::should_implement_trait)]
                 pub fn $name(self, rhs: impl Into<Rhs>) -> NDArray {
@@ -581,7 +599,9 @@ unary_methods! {
     abs, try_abs, UnOp::Abs;
     /// Elementwise square.
     square, try_square, UnOp::Square;
-    /// Elementwise `max(x, 0)`.
+    /// Elementwise `max(x, 0)`; NaN stays NaN (as numpy's `maximum(x, 0)` and PyTorch's
+    /// `relu`). Its gradient is 1 where `x > 0` and 0 elsewhere, NaN included (as
+    /// PyTorch).
     relu, try_relu, UnOp::Relu;
     /// Elementwise `e^x` (float dtypes).
     exp, try_exp, UnOp::Exp;

@@ -208,18 +208,16 @@ fn reduction(
         Ok(Output::New { buf, shape, dtype })
     })?;
     let kind = match op {
-        Red::Sum => Some(ReduceKind::Sum),
-        Red::Mean => Some(ReduceKind::Mean),
-        Red::Max => Some(ReduceKind::Max),
-        Red::Min => Some(ReduceKind::Min),
-        Red::Prod => None,
+        Red::Sum => ReduceKind::Sum,
+        Red::Mean => ReduceKind::Mean,
+        Red::Max => ReduceKind::Max,
+        Red::Min => ReduceKind::Min,
+        Red::Prod => ReduceKind::Prod,
     };
-    if let Some(kind) = kind {
-        autograd::record(&[x.id], id, || Rule::Reduce {
-            kind,
-            axes: axes.map(SmallVec::from_slice),
-        });
-    }
+    autograd::record(&[x.id], id, || Rule::Reduce {
+        kind,
+        axes: axes.map(SmallVec::from_slice),
+    });
     Ok(NDArray { id })
 }
 
@@ -342,6 +340,8 @@ reduce_methods! {
     /// Minimum (same dtype; NaN propagates); an empty reduction is an error.
     min, try_min, min_axes, try_min_axes, Red::Min;
     /// Product (same dtype; integers wrap; Bool is unsupported; empty gives 1).
+    /// Differentiable: the gradient of each element is the product of the others,
+    /// exact when elements are zero (as PyTorch).
     prod, try_prod, prod_axes, try_prod_axes, Red::Prod;
 }
 

@@ -270,6 +270,7 @@ fn input_grads(node: &Node, g: NDArray) -> Result<Grads> {
                     let n = ones.try_sum_axes(&axes_all(axes, xs.ndim()), true)?;
                     ones.try_mul(gk.try_div(n)?)?
                 }
+                ReduceKind::Prod => gk.try_mul(prod_others(x, axes, &ks)?)?,
             });
         }
         Rule::Matmul => {
@@ -398,6 +399,27 @@ fn input_grads(node: &Node, g: NDArray) -> Result<Grads> {
         r[0] = None;
     }
     Ok(r)
+}
+
+/// For each element of `x`, the product of the other elements of its reduction group
+/// (`axes`; `ks` is the reduced shape with kept dims). Exact with zeros, as PyTorch:
+/// with no zero in a group it is `prod / x`; with one zero, the zero element gets the
+/// product of the nonzero ones and the others 0; with two or more zeros, all 0.
+fn prod_others(x: NDArray, axes: &Option<SmallVec<[isize; 4]>>, ks: &Shape) -> Result<NDArray> {
+    let nd = x.try_shape()?.ndim();
+    let axes = axes_all(axes, nd);
+    let dtype = x.try_dtype()?;
+    let m = x.try_manager()?;
+    let one = m.try_ones(Shape(Dims::new()), dtype)?;
+    let zero = m.try_zeros(Shape(Dims::new()), dtype)?;
+    let is_zero = x.try_eq(0.0)?;
+    let zeros = is_zero.try_to_dtype(dtype)?.try_sum_axes(&axes, true)?;
+    let safe = is_zero.try_where_(one, x)?;
+    let p = safe.try_prod_axes(&axes, true)?;
+    debug_assert_eq!(p.try_shape()?, *ks);
+    let at_zero = zeros.try_eq(1.0)?.try_where_(p, zero)?;
+    let elsewhere = zeros.try_eq(0.0)?.try_where_(p.try_div(safe)?, zero)?;
+    is_zero.try_where_(at_zero, elsewhere)
 }
 
 fn axes_all(axes: &Option<SmallVec<[isize; 4]>>, nd: usize) -> SmallVec<[isize; 4]> {

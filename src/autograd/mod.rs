@@ -78,7 +78,7 @@ pub(crate) enum Rule {
     Scalar { op: BinOp, s: f64, left: bool },
     /// Elementwise unary math.
     Unary(UnOp),
-    /// `sum`/`mean`/`max`/`min` over `axes` (`None`: all).
+    /// `sum`/`mean`/`max`/`min`/`prod` over `axes` (`None`: all).
     Reduce {
         kind: ReduceKind,
         axes: Option<SmallVec<[isize; 4]>>,
@@ -116,6 +116,8 @@ pub(crate) enum ReduceKind {
     Max,
     /// min (ties share the gradient)
     Min,
+    /// prod (the product of the other elements; exact with zeros)
+    Prod,
 }
 
 impl Rule {
@@ -139,6 +141,7 @@ impl Rule {
             },
             Rule::Reduce { kind, .. } => match kind {
                 ReduceKind::Sum | ReduceKind::Mean => (0, false),
+                ReduceKind::Prod => (1, false),
                 _ => (1, true),
             },
             Rule::Matmul => (all, false),
@@ -298,6 +301,34 @@ pub(crate) fn check_inplace(op: &'static str, id: ArrayId) -> Result<()> {
     Ok(())
 }
 
+/// Error if writing `source` into `target` in place (`set`, `addi`, ...) would drop
+/// its gradient: while a collector records, `source` is a parameter or a recorded
+/// result, and the write is never recorded. Writes into a parameter (a leaf: an
+/// optimizer update, a parameter copy) are left to [`check_inplace`].
+pub(crate) fn check_inplace_source(
+    op: &'static str,
+    target: ArrayId,
+    source: ArrayId,
+) -> Result<()> {
+    if !RECORDING.with(Cell::get) {
+        return Ok(());
+    }
+    let (target_is_param, source_is_param) = (engine::is_param(target), engine::is_param(source));
+    if target_is_param {
+        return Ok(());
+    }
+    if source_is_param || TAPE.with(|t| t.borrow().tracked.contains(&source)) {
+        return Err(NdError::invalid(
+            op,
+            "the value requires a gradient (a parameter or a recorded result) but an \
+             in-place write is not recorded, so its gradient would be lost; build the \
+             result with recorded ops instead (e.g. concat, where_, arithmetic), or \
+             compute the value outside the GradientCollector if no gradient is wanted",
+        ));
+    }
+    Ok(())
+}
+
 /// Set every element of `id` to zero in place.
 fn zero_fill(id: ArrayId) -> Result<()> {
     engine::run_inplace(id, &[], |mut t, _| {
@@ -320,7 +351,13 @@ impl GradientCollector {
     #[allow(clippy::new_without_default)]
     #[track_caller]
     pub fn new() -> GradientCollector {
-        unwrap(Self::try_new(false))
+        unwrap(Self::try_new())
+    }
+
+    /// [`GradientCollector::new`]; `InvalidArgument` if a collector is already alive on
+    /// this thread.
+    pub fn try_new() -> Result<GradientCollector> {
+        Self::start("GradientCollector::new", false)
     }
 
     /// Start recording without zeroing gradients: `backward` adds to them (PyTorch's
@@ -328,16 +365,19 @@ impl GradientCollector {
     /// is already alive on this thread.
     #[track_caller]
     pub fn accumulating() -> GradientCollector {
-        unwrap(Self::try_new(true))
+        unwrap(Self::try_accumulating())
     }
 
-    /// [`GradientCollector::new`] (`accumulate == false`) or
     /// [`GradientCollector::accumulating`]; `InvalidArgument` if a collector is already
     /// alive on this thread.
-    pub fn try_new(accumulate: bool) -> Result<GradientCollector> {
+    pub fn try_accumulating() -> Result<GradientCollector> {
+        Self::start("GradientCollector::accumulating", true)
+    }
+
+    fn start(op: &'static str, accumulate: bool) -> Result<GradientCollector> {
         if COLLECTING.with(Cell::get) {
             return Err(NdError::invalid(
-                "GradientCollector::new",
+                op,
                 "a GradientCollector is already recording on this thread",
             ));
         }

@@ -49,6 +49,10 @@ pub(crate) fn map_unary<T: Native, U: Native>(
     let l = o.layout;
     let n = l.size();
     new_overwritten::<U>(n, |out| {
+        // A zero-size view may carry an offset past the end of its (empty) buffer.
+        if n == 0 {
+            return;
+        }
         if l.is_contiguous() {
             let src = &src[l.offset..l.offset + n];
             if n >= PARALLEL_ELEMS {
@@ -89,6 +93,10 @@ pub(crate) fn map_binary<T: Native, U: Native>(
     let (la, lb) = (a.layout, b.layout);
     let n = shape.size();
     new_overwritten::<U>(n, |out| {
+        // Zero-size views may carry offsets past the end of their (empty) buffers.
+        if n == 0 {
+            return;
+        }
         if la.shape == *shape && lb.shape == *shape && la.is_contiguous() && lb.is_contiguous() {
             let (sa, sb) = (&da[la.offset..la.offset + n], &db[lb.offset..lb.offset + n]);
             if n >= PARALLEL_ELEMS {
