@@ -149,8 +149,10 @@
 //! or plain method panics with exactly the error's message. [`NdError`] variants carry
 //! structured fields (the arrays involved, with their creating lines).
 //!
-//! The full ownership model (eleven rules, each checked by the tests) is in the
-//! project's design document, `DESIGN.md`, kept beside the repository.
+//! ## The ownership model
+//!
+//! The full contract (eleven numbered rules, which the tests cite, plus accounting and
+//! threads) is the [`ownership`] module, `docs/ownership.md` in the repository.
 #![warn(missing_docs)]
 
 mod array;
@@ -160,6 +162,8 @@ mod dtype;
 mod engine;
 mod error;
 mod manager;
+#[doc = include_str!("../docs/ownership.md")]
+pub mod ownership {}
 pub mod random;
 mod scope;
 mod shape;

@@ -42,6 +42,7 @@ fn simple_gradient() -> Result<(), NdError> {
     Ok(())
 }
 
+/// Rule 10 (docs/ownership.md): `gradient()` is one handle and creates nothing.
 #[test]
 fn gradient_is_one_handle_and_creates_nothing() {
     let _serial = serial();
@@ -98,6 +99,7 @@ fn zeroed_by_new_collector_accumulated_by_accumulating() -> Result<(), NdError> 
     Ok(())
 }
 
+/// Rule 9 (docs/ownership.md): one collector per thread.
 #[test]
 fn one_collector_per_thread() {
     let _serial = serial();
@@ -106,6 +108,8 @@ fn one_collector_per_thread() {
     assert!(GradientCollector::try_accumulating().is_err());
 }
 
+/// Rule 6 (docs/ownership.md): the tape holds intermediates past their scope until
+/// `backward` returns.
 #[test]
 fn scope_closed_between_forward_and_backward() -> Result<(), NdError> {
     let _serial = serial();
@@ -140,6 +144,7 @@ fn scope_closed_between_forward_and_backward() -> Result<(), NdError> {
     Ok(())
 }
 
+/// Rule 6 (docs/ownership.md): dropping the collector lets go of what the tape held.
 #[test]
 fn collector_dropped_without_backward() {
     let _serial = serial();
@@ -159,6 +164,8 @@ fn collector_dropped_without_backward() {
     m.close();
 }
 
+/// Rule 6 (docs/ownership.md): tape holds do not outlive the step and never free an escaped
+/// loss.
 #[test]
 fn collector_inside_scope_and_scope_inside_collector() -> Result<(), NdError> {
     let _serial = serial();
@@ -187,6 +194,8 @@ fn collector_inside_scope_and_scope_inside_collector() -> Result<(), NdError> {
     Ok(())
 }
 
+/// Rule 6 (docs/ownership.md): holds are not references: unscoped parameters and data
+/// survive the tape.
 #[test]
 fn unscoped_params_and_data_survive_the_tape() -> Result<(), NdError> {
     let _serial = serial();
@@ -230,6 +239,7 @@ fn backward_of_untracked_loss_is_an_error() {
     m.close();
 }
 
+/// Rule 10 (docs/ownership.md): the gradient is freed with its parameter, however it dies.
 #[test]
 fn gradient_dies_with_its_parameter() {
     let _serial = serial();

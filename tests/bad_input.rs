@@ -144,6 +144,7 @@ fn array_fns() -> Vec<ArrayFn> {
     ]
 }
 
+/// Rule 7 (docs/ownership.md).
 /// Every function on a closed array: `Closed` naming it, with the reason; nothing left.
 #[test]
 fn closed_array_everywhere() {
@@ -203,6 +204,7 @@ fn closed_array_everywhere() {
     m.close();
 }
 
+/// Rule 1 (docs/ownership.md).
 /// Every creating function on a closed manager: `ManagerClosed`.
 #[test]
 fn closed_manager_everywhere() {
@@ -235,6 +237,7 @@ fn closed_manager_everywhere() {
     parent.close();
 }
 
+/// Rule 8 (docs/ownership.md).
 /// A capped manager takes no new arrays (creation, op results whose first input it
 /// owns, attach); its sub-managers and arrays elsewhere keep working.
 #[test]

@@ -21,6 +21,8 @@ fn closed_info(e: &NdError) -> &ndscope::ClosedInfo {
     }
 }
 
+/// Rule 7 (docs/ownership.md): a scope close is named with the scope's line and the
+/// creating line.
 #[test]
 fn scope_close_forensics_name_array_creating_line_scope_line_and_reason() {
     let _g = lock();
@@ -56,6 +58,8 @@ fn scope_close_forensics_name_array_creating_line_scope_line_and_reason() {
     m.close();
 }
 
+/// Rule 7 (docs/ownership.md): a manager close, an explicit close and a release are named
+/// as reasons.
 #[test]
 fn manager_close_explicit_close_and_release_forensics() {
     let _g = lock();
@@ -102,6 +106,7 @@ fn manager_close_explicit_close_and_release_forensics() {
     m.close();
 }
 
+/// Accounting (docs/ownership.md): the leak report names the line that leaks.
 #[test]
 fn the_djl_training_loop_leak_is_pinned_to_its_line() {
     let _g = lock();
@@ -145,6 +150,7 @@ fn the_djl_training_loop_leak_is_pinned_to_its_line() {
     m2.close();
 }
 
+/// Accounting (docs/ownership.md): `profile` counts as `tf.profile` does.
 #[test]
 fn profile_matches_the_tfjs_test() {
     let _g = lock();
@@ -175,6 +181,7 @@ fn profile_matches_the_tfjs_test() {
     m.close();
 }
 
+/// Accounting (docs/ownership.md): profiles nest and survive a panic.
 #[test]
 fn profile_survives_a_panic_and_nests() {
     let _g = lock();
@@ -202,6 +209,7 @@ fn profile_survives_a_panic_and_nests() {
     m.close();
 }
 
+/// Accounting and rule 6 (docs/ownership.md): views share a buffer; peaks reset.
 #[test]
 fn memory_stats_display_and_peak_reset() {
     let _g = lock();
@@ -231,6 +239,8 @@ fn memory_stats_display_and_peak_reset() {
     assert_no_leaks(&base);
 }
 
+/// Accounting (docs/ownership.md): `check_leaks` and `assert_no_leaks` compare with a
+/// baseline.
 #[test]
 fn check_leaks_reports_what_is_left() {
     let _g = lock();
@@ -250,6 +260,7 @@ fn check_leaks_reports_what_is_left() {
     assert!(check_leaks(&base).is_ok());
 }
 
+/// Accounting (docs/ownership.md): `debug_dump` shows the tree, counts, bytes and caps.
 #[test]
 fn debug_dump_shows_tree_counts_and_bytes() {
     let _g = lock();

@@ -1,9 +1,10 @@
-//! DESIGN.md rule 8: a closed sub-manager is forgotten by its parent at once, however
-//! many are created and closed. Alone in its file so that no other test (a panic
+//! docs/ownership.md rule 8: a closed sub-manager is forgotten by its parent at once,
+//! however many are created and closed. Alone in its file so that no other test (a panic
 //! loading debug info, say) disturbs the process's resident memory.
 
 use ndscope::{DType, NDManager};
 
+/// Rule 8 (docs/ownership.md): closed sub-managers leave no entry and no memory behind.
 #[test]
 fn a_hundred_thousand_sub_managers_leave_nothing_behind() {
     let root = NDManager::new();

@@ -1,8 +1,10 @@
-//! The manager tree: DESIGN.md rules 1 (one owner, recursive close, system never
+//! The manager tree: docs/ownership.md rules 1 (one owner, recursive close, system never
 //! closed) and 8 (cap, closed sub-managers forgotten at once).
 
 use ndscope::{CloseReason, DType, NDManager, NdError};
 
+/// Rules 1 and 8 (docs/ownership.md): a manager's close frees its subtree, and the parent
+/// forgets the closed sub-manager at once.
 #[test]
 fn closing_a_manager_frees_its_arrays_and_its_subtree() {
     let m = NDManager::new();
@@ -36,6 +38,7 @@ fn closing_a_manager_frees_its_arrays_and_its_subtree() {
     assert_eq!(m.memory(), Default::default());
 }
 
+/// Rule 1 (docs/ownership.md): `close()` is idempotent; the system manager is never closed.
 #[test]
 fn close_is_idempotent_and_system_is_never_closed() {
     let m = NDManager::new();
@@ -49,6 +52,7 @@ fn close_is_idempotent_and_system_is_never_closed() {
     a.close();
 }
 
+/// Rule 1 (docs/ownership.md): an op's result belongs to its first input's manager.
 #[test]
 fn op_results_belong_to_the_first_inputs_manager() {
     let m1 = NDManager::new();
@@ -63,6 +67,7 @@ fn op_results_belong_to_the_first_inputs_manager() {
     m2.close();
 }
 
+/// Accounting (docs/ownership.md): `debug_dump` shows the manager tree with its counts.
 #[test]
 fn parent_name_and_tree_dump() {
     let m = NDManager::new();
@@ -84,6 +89,7 @@ fn parent_name_and_tree_dump() {
     assert!(m.debug_dump().contains("closed"));
 }
 
+/// Rule 8 (docs/ownership.md): a capped manager takes no new arrays; its sub-managers work.
 #[test]
 fn capped_manager_refuses_new_arrays_but_sub_managers_work() {
     let m = NDManager::new();
@@ -110,6 +116,8 @@ fn capped_manager_refuses_new_arrays_but_sub_managers_work() {
     other.close();
 }
 
+/// Rule 1 (docs/ownership.md): a closed manager takes no new arrays (`ManagerClosed`,
+/// naming it).
 #[test]
 fn closed_manager_errors() {
     let m = NDManager::new();

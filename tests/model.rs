@@ -1,6 +1,6 @@
 //! Model-based property test (issue 7.1): random sequences of ownership actions,
 //! checked after every step against a plain reference model of who owns what
-//! (DESIGN.md rules 1-8).
+//! (docs/ownership.md rules 1-8, and the scope parts of rules 9 and 11).
 //!
 //! Actions: create, elementwise ops, views, open/close scopes (nested, closed out of
 //! order, by `close()` or by drop), `scope(|| ..)`, escape, scope register, unregister /
@@ -1337,6 +1337,8 @@ fn env_or(name: &str, default: u32) -> u32 {
         .unwrap_or(default)
 }
 
+/// Rules 1-8 (docs/ownership.md), and the scope parts of rules 9 and 11, against a
+/// reference model.
 #[test]
 fn ownership_matches_the_reference_model() {
     let cases = env_or("NDSCOPE_MODEL_CASES", 1200);

@@ -1,8 +1,10 @@
-//! Moving ownership (DESIGN.md rule 2) and handle identity (rule 7).
+//! Moving ownership (docs/ownership.md rule 2), handle identity and use-after-close
+//! errors (rule 7), and reference-count basics (rule 5).
 
 use ndscope::{CloseReason, DType, NDArray, NDManager, NdError};
 use std::collections::HashSet;
 
+/// Rule 2 (docs/ownership.md): `attach` moves ownership with the counters and bytes.
 #[test]
 fn attach_moves_ownership_and_counters() {
     let m1 = NDManager::new();
@@ -19,6 +21,8 @@ fn attach_moves_ownership_and_counters() {
     assert!(a.is_closed());
 }
 
+/// Rule 2 (docs/ownership.md): a detached array belongs to the system manager and outlives
+/// its old one.
 #[test]
 fn detach_moves_to_system_and_survives_manager_close() {
     let m = NDManager::new();
@@ -30,6 +34,8 @@ fn detach_moves_to_system_and_survives_manager_close() {
     assert!(a.is_closed());
 }
 
+/// Rule 2 (docs/ownership.md): `temp_attach` returns the array home when its temporary
+/// owner closes (or frees it if home closed).
 #[test]
 fn temp_attach_returns_home_when_the_temporary_owner_closes() {
     let home = NDManager::new();
@@ -61,6 +67,7 @@ fn temp_attach_returns_home_when_the_temporary_owner_closes() {
     assert!(a.is_closed());
 }
 
+/// Rule 2 (docs/ownership.md): an `attach` after `temp_attach` is permanent.
 #[test]
 fn attach_after_temp_attach_is_permanent() {
     let home = NDManager::new();
@@ -72,6 +79,7 @@ fn attach_after_temp_attach_is_permanent() {
     home.close();
 }
 
+/// Rule 7 (docs/ownership.md): uids are never reused, so a stale handle stays closed.
 #[test]
 fn stale_handles_never_alias_new_arrays() {
     let m = NDManager::new();
@@ -95,6 +103,7 @@ fn stale_handles_never_alias_new_arrays() {
     m.close();
 }
 
+/// Rule 7 (docs/ownership.md): equality and hashing are identity, also after close.
 #[test]
 fn handles_are_identity_equal_and_hash_after_close() {
     let m = NDManager::new();
@@ -112,6 +121,8 @@ fn handles_are_identity_equal_and_hash_after_close() {
     m.close();
 }
 
+/// Rule 7 (docs/ownership.md): a use after close names the array, its creating line, and
+/// where and why it was closed.
 #[test]
 fn use_after_close_names_array_creation_line_and_reason() {
     let m = NDManager::new();
@@ -139,6 +150,8 @@ fn use_after_close_names_array_creation_line_and_reason() {
     m.close();
 }
 
+/// Rule 5 (docs/ownership.md): one `release()` frees an unscoped, unretained array; a
+/// second is an error.
 #[test]
 fn retain_release_basics() {
     let m = NDManager::new();

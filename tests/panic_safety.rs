@@ -19,6 +19,8 @@ fn quiet<R>(f: impl FnOnce() -> R) -> std::thread::Result<R> {
     catch_unwind(AssertUnwindSafe(f))
 }
 
+/// Rule 9 and Accounting (docs/ownership.md): a panic inside `profile` frees the scope's
+/// arrays and leaves profiling working.
 #[test]
 fn panic_inside_profile_restores_profiling() {
     let m = NDManager::new();
@@ -60,6 +62,8 @@ fn panic_inside_profile_restores_profiling() {
     m.close();
 }
 
+/// Rule 9 (docs/ownership.md): a panic through a scope on one thread frees its arrays;
+/// other threads keep working.
 #[test]
 fn panic_inside_scope_inside_another_thread_leaves_others_working() {
     let m = NDManager::new();
@@ -108,6 +112,8 @@ impl Resource for Counted {
     }
 }
 
+/// Rules 1 and 3 (docs/ownership.md): arrays are freed before resources close, even when
+/// one panics.
 #[test]
 fn panicking_resource_close_frees_arrays_first() {
     let parent = NDManager::new();
@@ -153,6 +159,7 @@ impl Escape for PanickyReturn {
     }
 }
 
+/// Rules 9 and 11 (docs/ownership.md): a panicking `Escape` impl still frees the scope.
 #[test]
 fn panicking_escape_impl_frees_the_scope() {
     let m = NDManager::new();
@@ -177,6 +184,7 @@ impl Escape for CheckingReturn {
     }
 }
 
+/// Rule 11 (docs/ownership.md): `visit_arrays` runs outside the engine lock.
 #[test]
 fn escape_impl_may_use_the_library() {
     let (tx, rx) = mpsc::channel();

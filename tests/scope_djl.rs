@@ -23,6 +23,7 @@ fn counts(m: &NDManager) -> (usize, usize) {
     (s.live_arrays, s.live_bytes)
 }
 
+/// Rules 2, 3 and 4 (docs/ownership.md).
 /// DJL `testNDScope`: an array closed by hand inside the scope is tolerated by the
 /// scope's close; an unregistered one survives both scopes and dies with its manager;
 /// a detached and unregistered one survives even the manager.
@@ -65,6 +66,7 @@ fn djl_nd_scope() {
     assert!(detached.is_closed());
 }
 
+/// Rule 4 (docs/ownership.md).
 /// `a.keep()` is DJL's `NDScope.unregister(a)`.
 #[test]
 fn keep_in_an_inner_scope_survives_both_scopes() {
@@ -90,6 +92,7 @@ fn keep_in_an_inner_scope_survives_both_scopes() {
     );
 }
 
+/// Rule 7 (docs/ownership.md).
 /// Using an array a scope freed is `NdError::Closed`, naming where the array was
 /// created and which scope freed it.
 #[test]
@@ -138,6 +141,8 @@ fn use_after_scope_close_names_the_scope_and_the_creating_line() {
     m.close();
 }
 
+/// Rule 7 (docs/ownership.md): an explicit scope close and `scope(..)` record where they
+/// closed.
 #[test]
 fn explicit_scope_close_and_tidy_record_where_they_closed() {
     let _serial = serial();
@@ -177,6 +182,7 @@ fn explicit_scope_close_and_tidy_record_where_they_closed() {
     m.close();
 }
 
+/// Rules 5 and 7 (docs/ownership.md).
 /// The operator form panics with exactly the error's message.
 #[test]
 fn operators_on_a_freed_array_panic_with_the_error_text() {
@@ -197,6 +203,7 @@ fn operators_on_a_freed_array_panic_with_the_error_text() {
     m.close();
 }
 
+/// Rule 3 (docs/ownership.md).
 /// DJL's leaking training loop, fixed with a per-iteration scope: parameters updated in
 /// place live on, everything else is freed every step.
 #[test]
@@ -222,6 +229,7 @@ fn training_loop_in_a_scope_does_not_grow() {
     m.close();
 }
 
+/// Rule 1 (docs/ownership.md).
 /// The same loop without a scope leaks exactly its op results into the manager.
 #[test]
 fn training_loop_without_a_scope_grows_by_its_ops() {

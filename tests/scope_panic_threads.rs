@@ -1,5 +1,5 @@
-//! Scopes under panics and threads (DESIGN rule 9): a panic unwinding through a scope
-//! frees its arrays and leaves the thread's scope stack consistent; scopes are per
+//! Scopes under panics and threads (docs/ownership.md rule 9): a panic unwinding through a
+//! scope frees its arrays and leaves the thread's scope stack consistent; scopes are per
 //! thread while arrays and managers are shared between threads.
 //!
 //! Tests in this file run in parallel threads of one process, so every count is taken
@@ -14,6 +14,8 @@ fn counts(m: &NDManager) -> (usize, usize) {
     (s.live_arrays, s.live_bytes)
 }
 
+/// Rule 9 (docs/ownership.md): a panic through `scope` frees its arrays and keeps the scope
+/// stack consistent.
 #[test]
 fn panic_inside_tidy_frees_its_arrays_and_keeps_the_stack_consistent() {
     let m = NDManager::new();
@@ -47,6 +49,7 @@ fn panic_inside_tidy_frees_its_arrays_and_keeps_the_stack_consistent() {
     m.close();
 }
 
+/// Rule 9 (docs/ownership.md): a panic through nested guards frees their arrays.
 #[test]
 fn panic_through_nested_guards_without_an_outer_scope() {
     let m = NDManager::new();
@@ -75,6 +78,7 @@ fn panic_through_nested_guards_without_an_outer_scope() {
     m.close();
 }
 
+/// Rule 9 (docs/ownership.md): a thread that panics inside a scope frees its arrays.
 #[test]
 fn a_thread_that_panics_inside_a_scope_frees_its_arrays() {
     let m = NDManager::new();
@@ -93,6 +97,7 @@ fn a_thread_that_panics_inside_a_scope_frees_its_arrays() {
     m.close();
 }
 
+/// Rules 3 and 9 (docs/ownership.md).
 /// An array created on thread B while thread A has a scope open is not registered in
 /// A's scope; B's own scope frees only B's arrays.
 #[test]
@@ -124,6 +129,7 @@ fn scopes_are_per_thread() {
     m.close();
 }
 
+/// Rules 5 and 9 (docs/ownership.md).
 /// A retained array crosses threads: created in a scope on one thread, used and
 /// released on another.
 #[test]
@@ -148,6 +154,7 @@ fn retained_array_handed_to_another_thread() {
     assert_eq!(counts(&m), (0, 0));
 }
 
+/// Rules 4, 8 and 9 (docs/ownership.md).
 /// Four threads run scoped loops on one shared manager at once; every count returns
 /// to its baseline. A large input exercises ops computed outside the engine lock while
 /// other threads update their parameters in place.

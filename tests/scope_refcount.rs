@@ -1,4 +1,4 @@
-//! Reference counting (DESIGN rule 5): JavaCPP's `PointerScopeTest` and DJL's
+//! Reference counting (docs/ownership.md rule 5): JavaCPP's `PointerScopeTest` and DJL's
 //! `RCObject` tests ported, and the `Resource` trait closed by scopes and managers.
 //!
 //! Tests in this file run in parallel threads of one process, so every count is taken
@@ -28,6 +28,7 @@ fn is_closed_error(e: &NdError) -> bool {
 
 // ------------------------------------------------------------------ JavaCPP PointerScope
 
+/// Rule 3 (docs/ownership.md): a scope frees what was created while it was innermost.
 #[test]
 fn nested_scopes_free_what_they_hold() {
     let m = NDManager::new();
@@ -51,6 +52,7 @@ fn nested_scopes_free_what_they_hold() {
     assert_eq!(counts(&m), (0, 0));
 }
 
+/// Rule 5 (docs/ownership.md): a retained array survives its scope; one release frees it.
 #[test]
 fn retained_array_survives_its_scope_and_one_release_frees_it() {
     let m = NDManager::new();
@@ -69,6 +71,7 @@ fn retained_array_survives_its_scope_and_one_release_frees_it() {
     assert_eq!(counts(&m), (0, 0));
 }
 
+/// Rules 3 and 5 (docs/ownership.md): a second scope's registration is one more reference.
 #[test]
 fn retained_and_attached_to_an_outer_scope_survives_the_inner_one() {
     let m = NDManager::new();
@@ -92,6 +95,7 @@ fn retained_and_attached_to_an_outer_scope_survives_the_inner_one() {
     assert_eq!(counts(&m), (0, 0));
 }
 
+/// Rule 3 (docs/ownership.md): arrays created outside every scope are registered nowhere.
 #[test]
 fn arrays_created_outside_every_scope_are_untouched() {
     let m = NDManager::new();
@@ -113,8 +117,8 @@ fn arrays_created_outside_every_scope_are_untouched() {
     assert_eq!(counts(&m), (0, 0));
 }
 
-/// Rule 3: `detach()` moves ownership to the system manager but keeps the scope
-/// registration, so the scope still frees it.
+/// Rules 2 and 3 (docs/ownership.md): `detach()` moves ownership to the system manager but
+/// keeps the scope registration, so the scope still frees it.
 #[test]
 fn detach_does_not_unregister() {
     let m = NDManager::new();
@@ -145,6 +149,7 @@ fn detach_does_not_unregister() {
 
 // ------------------------------------------------------------------ DJL RCObject
 
+/// Rule 5 (docs/ownership.md): retain then release frees.
 #[test]
 fn retain_then_release_frees() {
     let m = NDManager::new();
@@ -157,6 +162,7 @@ fn retain_then_release_frees() {
     assert_eq!(counts(&m), (0, 0));
 }
 
+/// Rule 5 (docs/ownership.md): two retains need two releases.
 #[test]
 fn two_retains_need_two_releases() {
     let m = NDManager::new();
@@ -171,6 +177,8 @@ fn two_retains_need_two_releases() {
     assert_eq!(counts(&m), (0, 0));
 }
 
+/// Rule 5 (docs/ownership.md): releasing a freed array is an error; `close()` stays
+/// idempotent.
 #[test]
 fn release_of_a_freed_array_is_an_error() {
     let m = NDManager::new();
@@ -188,6 +196,7 @@ fn release_of_a_freed_array_is_an_error() {
     assert_eq!(counts(&m), (0, 0));
 }
 
+/// Rule 5 (docs/ownership.md): a scope registration counts as a reference.
 #[test]
 fn release_inside_a_scope_counts_the_registration() {
     let m = NDManager::new();
@@ -204,6 +213,7 @@ fn release_inside_a_scope_counts_the_registration() {
     drop(s); // tolerates the array it no longer holds
 }
 
+/// Rule 5 (docs/ownership.md): `close()` and a manager's close free whatever the count.
 #[test]
 fn close_and_manager_close_ignore_the_count() {
     let m = NDManager::new();
@@ -223,6 +233,7 @@ fn close_and_manager_close_ignore_the_count() {
     assert_eq!(counts(&m), (0, 0));
 }
 
+/// Rule 5 (docs/ownership.md).
 /// `release()` with only scope registrations left gives up the innermost one (as the
 /// engine documents), so the array outlives the inner scope and dies with the outer.
 #[test]
@@ -274,6 +285,8 @@ impl Resource for CountClose {
     }
 }
 
+/// Rules 3 and 9 (docs/ownership.md): a scope's resources close once, after its arrays,
+/// also when an outer scope closes it.
 #[test]
 fn resource_attached_to_a_scope_closes_once_after_its_arrays() {
     let m = NDManager::new();
@@ -308,6 +321,7 @@ fn resource_attached_to_a_scope_closes_once_after_its_arrays() {
     m.close();
 }
 
+/// Rule 1 (docs/ownership.md): resources of a manager and its subtree close once with it.
 #[test]
 fn resource_attached_to_a_manager_closes_once() {
     let m = NDManager::new();
@@ -361,6 +375,7 @@ fn resource_close_may_use_ndscope() {
     work.close();
 }
 
+/// Rule 1 (docs/ownership.md): an `NDList` resource closes its arrays with the manager.
 #[test]
 fn nd_list_attached_to_a_manager_closes_its_arrays() {
     let owner = NDManager::new();
@@ -375,6 +390,7 @@ fn nd_list_attached_to_a_manager_closes_its_arrays() {
     owner.close();
 }
 
+/// Rule 11 (docs/ownership.md): an `NDList` escapes from `scope` and closes with a scope.
 #[test]
 fn nd_list_in_a_scope_and_as_a_tidy_result() {
     let m = NDManager::new();

@@ -23,6 +23,7 @@ fn data(a: NDArray) -> Vec<f32> {
     a.to_vec::<f32>().unwrap()
 }
 
+/// Rules 4 and 11 (docs/ownership.md).
 /// tfjs "returns Tensor": a result returned through three levels of tidy; each level's
 /// close frees what it no longer returns (counts 3 -> 2 -> 0).
 #[test]
@@ -55,6 +56,7 @@ fn nested_tidy_returns_an_array_through_three_levels() {
     m.close();
 }
 
+/// Rule 5 (docs/ownership.md): `close()` is idempotent.
 /// tfjs "multiple disposes does not affect num arrays".
 #[test]
 fn closing_twice_is_harmless() {
@@ -70,6 +72,7 @@ fn closing_twice_is_harmless() {
     assert!(a.is_closed() && b.is_closed());
 }
 
+/// Rule 11 (docs/ownership.md).
 /// tfjs "allows primitive types": plain values pass through, nothing is created or freed.
 #[test]
 fn tidy_returns_plain_values() {
@@ -102,6 +105,8 @@ struct Complex {
 }
 ndscope::impl_escape!(Complex { a, c });
 
+/// Rule 11 (docs/ownership.md): a user type's arrays escape (`impl_escape!`); its plain
+/// fields pass through.
 #[test]
 fn tidy_returns_a_struct_mixing_arrays_and_plain_values() {
     let m = NDManager::new();
@@ -127,6 +132,7 @@ fn tidy_returns_a_struct_mixing_arrays_and_plain_values() {
     assert_eq!(counts(&m), (0, 0));
 }
 
+/// Rule 11 (docs/ownership.md): arrays in a tuple escape; plain values pass through.
 #[test]
 fn tidy_returns_a_tuple_mixing_arrays_and_plain_values() {
     let m = NDManager::new();
@@ -142,6 +148,7 @@ fn tidy_returns_a_tuple_mixing_arrays_and_plain_values() {
     assert!(y.is_closed());
 }
 
+/// Rule 11 (docs/ownership.md).
 /// tfjs "returns Tensor[]".
 #[test]
 fn tidy_returns_a_vec_of_arrays() {
@@ -166,6 +173,7 @@ fn tidy_returns_a_vec_of_arrays() {
     assert_eq!(counts(&m), (0, 0));
 }
 
+/// Rule 3 (docs/ownership.md).
 /// tfjs "basic usage without return".
 #[test]
 fn tidy_without_a_return_value() {
@@ -187,6 +195,7 @@ fn tidy_without_a_return_value() {
     m.close();
 }
 
+/// Rules 4 and 11 (docs/ownership.md): each level's result moves up exactly one level.
 #[test]
 fn four_levels_of_nesting() {
     let m = NDManager::new();
@@ -217,6 +226,7 @@ fn four_levels_of_nesting() {
     assert_eq!(counts(&m), (0, 0));
 }
 
+/// Rule 11 (docs/ownership.md).
 /// tfjs "nested usage returns tensor created from outside scope": the array survives
 /// and keeps its place (here: no scope, count 0).
 #[test]
@@ -243,6 +253,7 @@ fn returning_an_array_created_outside_leaves_it_where_it_was() {
     m.close();
 }
 
+/// Rule 4 (docs/ownership.md).
 /// tfjs "nested usage with keep works".
 #[test]
 fn keep_inside_nested_scopes() {
@@ -263,6 +274,7 @@ fn keep_inside_nested_scopes() {
     assert_eq!(counts(&m), (0, 0));
 }
 
+/// Rule 11 (docs/ownership.md).
 /// tfjs "works with arbitrary depth of result": arrays nested anywhere in the result.
 #[test]
 fn arrays_at_arbitrary_depth_in_the_result_escape() {
@@ -307,6 +319,8 @@ fn arrays_at_arbitrary_depth_in_the_result_escape() {
     m.close();
 }
 
+/// Rule 4 (docs/ownership.md): `escape` moves a registration to the parent scope and leaves
+/// other arrays alone.
 #[test]
 fn escape_moves_to_the_parent_scope() {
     let m = NDManager::new();
@@ -335,6 +349,7 @@ fn escape_moves_to_the_parent_scope() {
     m.close();
 }
 
+/// Rule 4 (docs/ownership.md): escaping from the outermost scope leaves every scope.
 #[test]
 fn escape_at_the_outermost_scope_leaves_all_scopes() {
     let m = NDManager::new();
@@ -352,6 +367,7 @@ fn escape_at_the_outermost_scope_leaves_all_scopes() {
     assert_eq!(counts(&m), (0, 0));
 }
 
+/// Rule 9 (docs/ownership.md).
 /// Dropping an outer guard first closes the inner scopes too; dropping the inner guard
 /// afterwards does nothing.
 #[test]
@@ -382,6 +398,7 @@ fn dropping_the_outer_scope_first_closes_the_inner_ones() {
     m.close();
 }
 
+/// Rule 9 (docs/ownership.md): explicit closes in and out of LIFO order.
 #[test]
 fn explicit_close_in_and_out_of_order() {
     let m = NDManager::new();
@@ -408,8 +425,8 @@ fn explicit_close_in_and_out_of_order() {
     m.close();
 }
 
-/// Rule 3: a scope frees what was created in it whatever its manager, and arrays
-/// created before it opened are untouched.
+/// Rule 3 (docs/ownership.md): a scope frees what was created in it whatever its manager,
+/// and arrays created before it opened are untouched.
 #[test]
 fn scope_frees_arrays_of_every_manager_and_spares_older_ones() {
     let m1 = NDManager::new();
@@ -433,6 +450,7 @@ fn scope_frees_arrays_of_every_manager_and_spares_older_ones() {
     m2.close();
 }
 
+/// Rule 11 (docs/ownership.md).
 /// Maps escape their values; a returned array that was already freed inside is
 /// tolerated (the scope neither panics nor resurrects it).
 #[test]

@@ -16,6 +16,7 @@ fn iota(m: &NDManager, shape: &[usize]) -> NDArray {
     m.arange(0.0, n as f64, 1.0, DType::F32).reshape(shape)
 }
 
+/// Rule 6 (docs/ownership.md): reshaping a contiguous array makes a view (no new buffer).
 #[test]
 fn reshape_contiguous_is_a_view() {
     let m = NDManager::new();
@@ -34,6 +35,7 @@ fn reshape_contiguous_is_a_view() {
     m.close();
 }
 
+/// Rule 6 (docs/ownership.md): reshaping a non-contiguous array copies.
 #[test]
 fn reshape_non_contiguous_copies() {
     let m = NDManager::new();
@@ -301,6 +303,8 @@ fn stack_values_and_errors() {
     m.close();
 }
 
+/// Rule 1 (docs/ownership.md): results, views included, belong to the first input's
+/// manager.
 #[test]
 fn results_belong_to_the_first_inputs_manager() {
     let m1 = NDManager::new();

@@ -17,6 +17,8 @@ fn step(x: ndscope::NDArray, y: ndscope::NDArray, w: ndscope::NDArray) -> ndscop
     loss
 }
 
+/// Accounting (docs/ownership.md): pooled bytes are reported as `cached_bytes`;
+/// `empty_cache` and `set_cache_limit` trim them.
 #[test]
 fn steady_training_loop_does_not_allocate() {
     let m = NDManager::new();

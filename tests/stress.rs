@@ -37,6 +37,8 @@ fn consume(msg: Msg) {
     }
 }
 
+/// Rules 5, 8 and 9 (docs/ownership.md): kept and retained arrays cross threads; capped and
+/// closed sub-managers churn.
 #[test]
 fn eight_threads_train_share_and_churn_then_counters_return_to_baseline() {
     let secs: u64 = std::env::var("NDSCOPE_STRESS_SECS")

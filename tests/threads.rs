@@ -1,16 +1,19 @@
 //! Arrays and managers are `Send + Sync` and usable from several threads at once
-//! (DESIGN.md rule 9).
+//! (docs/ownership.md rule 9).
 
 use ndscope::{DType, NDArray, NDManager, NDScope};
 
 fn assert_send_sync<T: Send + Sync>() {}
 
+/// Rule 9 (docs/ownership.md): `NDArray` and `NDManager` are `Send + Sync`.
 #[test]
 fn handles_are_send_and_sync() {
     assert_send_sync::<NDArray>();
     assert_send_sync::<NDManager>();
 }
 
+/// Rules 1 and 9 (docs/ownership.md): threads share a manager, each with its own scopes,
+/// and send arrays back.
 #[test]
 fn shared_manager_used_by_many_threads() {
     let m = NDManager::new();
@@ -39,6 +42,8 @@ fn shared_manager_used_by_many_threads() {
     assert_eq!(m.memory().live_arrays, 0);
 }
 
+/// Threads (docs/ownership.md): a read concurrent with in-place writes sees one consistent
+/// state.
 #[test]
 fn concurrent_large_reads_and_in_place_writes() {
     // Large ops read outside the engine lock; in-place writers must wait for them.

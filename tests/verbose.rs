@@ -3,6 +3,7 @@
 
 use ndscope::{DType, NDManager, NDScope, NdError};
 
+/// Rule 7 (docs/ownership.md): verbose mode adds backtraces of the creation and the close.
 #[test]
 fn verbose_mode_adds_two_backtraces() {
     ndscope::config::set_verbose(true);

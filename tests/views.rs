@@ -1,5 +1,5 @@
 //! Indexing views: `get` values (steps, negatives, ellipsis), `set`, shared storage and
-//! the lifetime of views against their base.
+//! the lifetime of views against their base (docs/ownership.md rule 6).
 
 use ndscope::{DType, NDArray, NDManager, NDScope, NdError};
 
@@ -156,6 +156,8 @@ fn set_scalars_and_arrays() {
     m.close();
 }
 
+/// Rule 6 (docs/ownership.md): a view shares its base's storage, so `set` from an
+/// overlapping view must read the old values.
 #[test]
 fn set_from_an_overlapping_view_reads_the_old_values() {
     let m = NDManager::new();
@@ -195,6 +197,7 @@ fn set_errors() {
     m.close();
 }
 
+/// Rule 6 (docs/ownership.md): views share one buffer; a write through any is seen by all.
 #[test]
 fn views_share_storage_both_ways() {
     let m = NDManager::new();
@@ -233,6 +236,8 @@ fn views_share_storage_both_ways() {
     m.close();
 }
 
+/// Rule 6 (docs/ownership.md): the data lives, and stays accounted, until the last view is
+/// freed.
 #[test]
 fn a_view_outlives_its_closed_base() {
     let m = NDManager::new();
@@ -271,6 +276,7 @@ fn a_view_outlives_its_closed_base() {
     assert_eq!(m.memory().live_bytes, 0);
 }
 
+/// Rule 6 (docs/ownership.md): a kept view keeps the data of its freed base.
 #[test]
 fn a_view_outliving_a_scope_keeps_the_data() {
     let m = NDManager::new();
@@ -289,6 +295,8 @@ fn a_view_outliving_a_scope_keeps_the_data() {
     m.close();
 }
 
+/// Rules 1 and 6 (docs/ownership.md): a view belongs to its base's manager and closes with
+/// it.
 #[test]
 fn views_follow_manager_close() {
     let m = NDManager::new();
