@@ -1,25 +1,44 @@
 #!/usr/bin/env bash
-# Run the same micro-benchmarks in ndscope and numpy, one after the other in one run,
-# and print both JSON lines and the ratios (numpy time / ndscope time: > 1 means
-# ndscope is faster). Needs `pip install numpy` (threadpoolctl optional).
+# Run the same micro-benchmarks in ndscope (examples/bench.rs), candle-core
+# (bench/candle) and numpy (bench/numpy_bench.py), one after the other in one run, print
+# the three JSON lines and a table of every key with the ratios ndscope/candle and
+# ndscope/numpy (for times, < 1 means ndscope is faster; for GFLOP/s, GB/s and speedups,
+# > 1 means ndscope is better). A figure a program does not measure shows as '-'.
+# Needs `pip install numpy` (threadpoolctl optional) and network access for candle's
+# first build. Extra arguments (e.g. --quick) go to all three programs.
 # Usage: bench/compare.sh [--quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --example bench >/dev/null 2>&1
+cargo build --release --manifest-path bench/candle/Cargo.toml >/dev/null 2>&1
+nd=$(./target/release/examples/bench --json "$@")
+# candle hands even tiny matmuls to rayon when it has several threads, which makes
+# every workload here several times slower (see bench/candle/src/main.rs); 1 thread is
+# its best setting for them. CANDLE_RAYON_THREADS=N overrides it.
+ca=$(RAYON_NUM_THREADS="${CANDLE_RAYON_THREADS:-1}" bench/candle/target/release/candle-bench --json "$@")
 # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE may be set on this machine for old OpenBLAS
 # builds; they slow a current numpy, so unset them for the numpy run only.
-nd=$(./target/release/examples/bench --json "$@")
 np=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python3 bench/numpy_bench.py "$@")
 echo "$nd"
+echo "$ca"
 echo "$np"
-python3 - "$nd" "$np" <<'PY'
+python3 - "$nd" "$ca" "$np" <<'PY'
 import json, sys
-nd, np = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print(f"{'workload':22} {'ndscope':>10} {'numpy':>10} {'numpy/ndscope':>14}")
-for key, lower_better in [("add10_ns", True), ("matmul_1000x2x1_us", True), ("add16M_ms", True),
-                          ("matmul2048_GFLOPs", False), ("sum16M_ms", True),
-                          ("linreg_step_us", True)]:
-    a, b = nd[key], np[key]
-    ratio = b / a if lower_better else a / b
-    print(f"{key:22} {a:>10} {b:>10} {ratio:>13.2f}x")
+nd, ca, np = (json.loads(a) for a in sys.argv[1:4])
+def num(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+def show(v, fmt="{:.4g}"):
+    return "-" if v is None else fmt.format(v)
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+print(f"{'key':42} {'ndscope':>10} {'candle':>10} {'numpy':>10} {'nd/candle':>10} {'nd/numpy':>10}")
+for key in nd:
+    if key == "impl":
+        continue
+    a, b, c = num(nd.get(key)), num(ca.get(key)), num(np.get(key))
+    if key == "threads":  # worker threads each uses; no ratio
+        print(f"{key:42} {show(a):>10} {show(b):>10} {show(c):>10}")
+        continue
+    print(f"{key:42} {show(a):>10} {show(b):>10} {show(c):>10} "
+          f"{show(ratio(a, b), '{:.2f}x'):>10} {show(ratio(a, c), '{:.2f}x'):>10}")
 PY

@@ -4,11 +4,32 @@
 //! `--json` a readable table). `--quick` is a smoke run for CI (tiny sizes and few
 //! repeats, so it also runs in debug builds and under valgrind): its figures mean
 //! nothing.
-//! Every figure is the median over repeats of a timing loop.
+//! Every figure is the median over repeats of a timing loop. `--only NAME` runs one
+//! workload (for profiling; `--only parallel` runs the four `parallel_2t_*` ones); the
+//! figures of workloads not run are `null` in the JSON line and `-` in the table.
+//!
+//! `linreg_autograd_step_us` and `parallel_2t_*` run the README's linear-regression
+//! loop (`examples/linear_regression.rs`): X [1000,2] ~ N(0,1), y = X·[2,-3.4] + 4.2 +
+//! noise, minibatches of 10, squared loss / 2, SGD with lr 0.03, one scope per epoch
+//! (100 steps). `parallel_2t_speedup_*` is the total throughput of two threads that each
+//! train their own parameters, started together by a barrier, divided by the throughput
+//! of one thread running the same loop alone (2.0 = perfect scaling): `independent`
+//! gives each thread its own data set created on that thread, `shared` one data set
+//! created on the main thread and read by both; without `_autograd` the gradient is
+//! written by hand, with it `GradientCollector` computes it. `bench/candle` measures
+//! the same workloads in candle-core.
 
-use ndscope::{DType, NDArray, NDManager};
+use ndscope::{DType, GradientCollector, NDArray, NDManager, NDScope};
 use std::hint::black_box;
+use std::sync::Barrier;
 use std::time::Instant;
+
+/// Rows of the linear-regression data set.
+const N: usize = 1000;
+/// Minibatch size of the linear-regression loop.
+const BATCH: usize = 10;
+/// SGD learning rate of the linear-regression loop.
+const LR: f64 = 0.03;
 
 /// Median of the per-iteration times (ns) over `repeats` loops of `iters` calls.
 fn median_ns(repeats: usize, iters: usize, mut f: impl FnMut()) -> f64 {
@@ -47,31 +68,173 @@ fn op_then_close(f: impl Fn() -> NDArray) -> impl FnMut() {
     }
 }
 
+/// The README's data set in `m`: X [N,2] ~ N(0,1), y = X·[2,-3.4] + 4.2 + N(0,0.01).
+fn make_data(m: &NDManager) -> (NDArray, NDArray) {
+    let true_w = m.create(&[2.0f32, -3.4], [2, 1]);
+    let x = m.random_normal(0.0, 1.0, [N, 2], DType::F32);
+    let y = x.matmul(true_w) + 4.2 + m.random_normal(0.0, 0.01, [N, 1], DType::F32);
+    (x, y)
+}
+
+/// Minibatch index strings "0:10", "10:20", ... (one epoch).
+fn batches() -> Vec<String> {
+    (0..N)
+        .step_by(BATCH)
+        .map(|i| format!("{i}:{}", i + BATCH))
+        .collect()
+}
+
+/// `steps` SGD steps of the README's loop on (x, y), updating w [2,1] and b [1] in
+/// place, one scope per epoch. `autograd`: the gradient comes from a
+/// `GradientCollector` (w and b must require gradients); else it is written by hand
+/// (the loss is still computed, as the collector's forward pass does).
+fn linreg_steps(
+    (x, y): (NDArray, NDArray),
+    (w, b): (NDArray, NDArray),
+    slices: &[String],
+    steps: usize,
+    autograd: bool,
+) {
+    let mut done = 0;
+    while done < steps {
+        let n = (steps - done).min(slices.len());
+        let _epoch = NDScope::new();
+        for s in &slices[..n] {
+            let (xb, yb) = (x.get(s), y.get(s));
+            let (gw, gb) = if autograd {
+                {
+                    let gc = GradientCollector::new();
+                    let l = (xb.matmul(w) + b - yb).square() / 2.0;
+                    gc.backward(l).expect("backward");
+                }
+                (w.gradient(), b.gradient())
+            } else {
+                let err = xb.matmul(w) + b - yb;
+                black_box(err.square() / 2.0);
+                (xb.transpose().matmul(err), err.sum_axes(&[0], false))
+            };
+            let (mut w, mut b) = (w, b);
+            w -= gw * (LR / BATCH as f64);
+            b -= gb * (LR / BATCH as f64);
+        }
+        done += n;
+    }
+}
+
+/// Fresh parameters (w ~ N(0,0.01) [2,1], b = 0 [1]) in `m`.
+fn new_params(m: &NDManager, autograd: bool) -> (NDArray, NDArray) {
+    let w = m.random_normal(0.0, 0.01, [2, 1], DType::F32);
+    let b = m.zeros([1], DType::F32);
+    if autograd {
+        w.set_requires_gradient(true);
+        b.set_requires_gradient(true);
+    }
+    (w, b)
+}
+
+/// Seconds for `threads` threads, started together, to each run `steps` steps of the
+/// loop with their own parameters, on `shared` data or (None) on a data set each thread
+/// creates itself; from the first start to the last finish.
+fn parallel_secs(
+    threads: usize,
+    steps: usize,
+    autograd: bool,
+    shared: Option<(NDArray, NDArray)>,
+) -> f64 {
+    let barrier = Barrier::new(threads);
+    let slices = batches();
+    let times: Vec<(Instant, Instant)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mine = NDManager::new();
+                    let data = shared.unwrap_or_else(|| make_data(&mine));
+                    let params = new_params(&mine, autograd);
+                    // Warm up this thread's pools and caches.
+                    linreg_steps(data, params, &slices, steps.min(20), autograd);
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    linreg_steps(data, params, &slices, steps, autograd);
+                    let t1 = Instant::now();
+                    mine.close();
+                    (t0, t1)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a training thread panicked"))
+            .collect()
+    });
+    let start = times.iter().map(|t| t.0).min().expect("a thread");
+    let end = times.iter().map(|t| t.1).max().expect("a thread");
+    (end - start).as_secs_f64()
+}
+
+/// Throughput of two threads over that of one (see the module docs). Steps are
+/// calibrated so one thread alone runs for about 0.4 s; the median of `reps` timings
+/// of each is taken.
+fn parallel_speedup(
+    quick: bool,
+    reps: usize,
+    autograd: bool,
+    shared: Option<(NDArray, NDArray)>,
+) -> f64 {
+    let steps = if quick {
+        3
+    } else {
+        let probe = 1000;
+        let t = parallel_secs(1, probe, autograd, shared);
+        ((0.4 / t * probe as f64) as usize).clamp(probe, 20_000_000)
+    };
+    let mut one = Vec::with_capacity(reps);
+    let mut two = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        one.push(parallel_secs(1, steps, autograd, shared));
+        two.push(parallel_secs(2, steps, autograd, shared));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    // (2 * steps / two) / (steps / one)
+    2.0 * median(&mut one) / median(&mut two)
+}
+
+/// `v` formatted with `prec` decimals; `null` (JSON) or `-` (table) when absent or not
+/// finite.
+fn fmt(v: Option<f64>, prec: usize, json: bool) -> String {
+    match v {
+        Some(x) if x.is_finite() => format!("{x:.prec$}"),
+        _ if json => "null".to_string(),
+        _ => "-".to_string(),
+    }
+}
+
 fn main() {
     let json = std::env::args().any(|a| a == "--json");
     let quick = std::env::args().any(|a| a == "--quick");
     let r = if quick { 1 } else { 15 };
     // Iteration counts and sizes shrink by this factor in quick mode.
     let it = |n: usize| if quick { (n / 1000).max(1) } else { n };
-    // `--only NAME` runs one workload (for profiling); the others report 0.
     let args: Vec<String> = std::env::args().collect();
     let only = args
         .iter()
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1).cloned());
     let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    // Run `f` only if the workload is selected.
+    let maybe = |name: &str, f: &mut dyn FnMut() -> f64| run(name).then(f);
     let m = NDManager::new();
 
     let a = m.random_uniform(0.0, 1.0, [10], DType::F32);
     let b = m.random_uniform(0.0, 1.0, [10], DType::F32);
-    let add10_ns = if run("add10") {
+    let add10_ns = maybe("add10", &mut || {
         median_ns(r, it(200_000), op_then_close(|| a + b))
-    } else {
-        0.0
-    };
+    });
 
     // The same op with 1,000,000 arrays live in another manager: must cost the same.
-    let add10_1m_live_ns = if run("add10_1M_live") {
+    let add10_1m_live_ns = maybe("add10_1M_live", &mut || {
         let other = NDManager::new();
         for _ in 0..it(1_000_000) {
             other.zeros([1], DType::F32);
@@ -79,15 +242,13 @@ fn main() {
         let t = median_ns(r, it(200_000), op_then_close(|| a + b));
         other.close();
         t
-    } else {
-        0.0
-    };
+    });
 
     // Scope overhead: 1000 small arrays created in a scope and freed by its close,
     // against the same arrays created and closed one by one.
     let (scoped_ns, unscoped_ns) = if run("scope") {
         let scoped = median_ns(r, it(200), || {
-            let _s = ndscope::NDScope::new();
+            let _s = NDScope::new();
             for _ in 0..1000 {
                 m.zeros([4], DType::F32);
             }
@@ -97,53 +258,74 @@ fn main() {
                 m.zeros([4], DType::F32).close();
             }
         }) / 1000.0;
-        (scoped, unscoped)
+        (Some(scoped), Some(unscoped))
     } else {
-        (0.0, 0.0)
+        (None, None)
     };
 
     let x = m.random_uniform(0.0, 1.0, [1000, 2], DType::F32);
     let w = m.random_uniform(0.0, 1.0, [2, 1], DType::F32);
-    let matmul_small_us = if run("matmul_small") {
+    let matmul_small_us = maybe("matmul_small", &mut || {
         median_ns(r, it(20_000), op_then_close(|| x.matmul(w))) / 1e3
-    } else {
-        0.0
-    };
+    });
 
-    // One linear-regression step, gradient written by hand (autograd lands separately):
-    // 9 ops on [64,2] data inside a scope.
-    let linreg_us = if run("linreg") {
+    // One linear-regression step, gradient written by hand: 9 ops on [64,2] data inside
+    // a scope (numpy_bench.py and bench/candle run the same step).
+    let linreg_us = maybe("linreg", &mut || {
         let xs = m.random_normal(0.0, 1.0, [64, 2], DType::F32);
         let ys = m.random_normal(0.0, 1.0, [64, 1], DType::F32);
         let w = m.zeros([2, 1], DType::F32);
         median_ns(r, it(20_000), || {
-            let _s = ndscope::NDScope::new();
+            let _s = NDScope::new();
             let err = xs.matmul(w) - ys;
             black_box(err.square().mean());
             let grad = xs.transpose().matmul(err) * (2.0 / 64.0);
             w.try_subi(grad * 0.01).expect("same shape");
         }) / 1e3
-    } else {
-        0.0
+    });
+
+    // One step of the README's loop with GradientCollector, one thread (epochs of 100
+    // steps, each in a scope; 3 in quick mode).
+    let linreg_autograd_us = maybe("linreg_autograd", &mut || {
+        let data = make_data(&m);
+        let params = new_params(&m, true);
+        let slices = batches();
+        let steps = if quick { 3 } else { slices.len() };
+        median_ns(r, it(20), || {
+            linreg_steps(data, params, &slices, steps, true)
+        }) / 1e3
+            / steps as f64
+    });
+
+    // Two threads each training vs one thread alone (see the module docs).
+    let par_reps = if quick { 1 } else { 5 };
+    let par = |name: &str, autograd: bool, shared: bool| {
+        (run("parallel") || run(name)).then(|| {
+            let data = NDManager::new();
+            let shared = shared.then(|| make_data(&data));
+            let s = parallel_speedup(quick, par_reps, autograd, shared);
+            data.close();
+            s
+        })
     };
+    let par_indep = par("parallel_2t_speedup_independent", false, false);
+    let par_shared = par("parallel_2t_speedup_shared", false, true);
+    let par_indep_ag = par("parallel_2t_speedup_independent_autograd", true, false);
+    let par_shared_ag = par("parallel_2t_speedup_shared_autograd", true, true);
 
     let n = if quick { 1usize << 12 } else { 1usize << 24 };
     let big = run("add16M") || run("sum16M");
     let big_n = if big { n } else { 1 };
     let big_a = m.random_uniform(0.0, 1.0, [big_n], DType::F32);
     let big_b = m.random_uniform(0.0, 1.0, [big_n], DType::F32);
-    let add16m_ms = if run("add16M") {
+    let add16m_ms = maybe("add16M", &mut || {
         median_ns(r, 10, op_then_close(|| big_a + big_b)) / 1e6
-    } else {
-        0.0
-    };
-    let add16m_gbps = (3 * 4 * n) as f64 / (add16m_ms * 1e6);
+    });
+    let add16m_gbps = add16m_ms.map(|ms| (3 * 4 * n) as f64 / (ms * 1e6));
 
-    let sum16m_ms = if run("sum16M") {
+    let sum16m_ms = maybe("sum16M", &mut || {
         median_ns(r, 20, op_then_close(|| big_a.sum())) / 1e6
-    } else {
-        0.0
-    };
+    });
 
     let k = match (run("matmul2048"), quick) {
         (false, _) => 1,
@@ -153,36 +335,101 @@ fn main() {
     let ma = m.random_uniform(0.0, 1.0, [k, k], DType::F32);
     let mb = m.random_uniform(0.0, 1.0, [k, k], DType::F32);
     let mm_r = if quick { 1 } else { 5 };
-    let matmul2048_ms = if run("matmul2048") {
+    let matmul2048_ms = maybe("matmul2048", &mut || {
         median_ns(mm_r, 2, op_then_close(|| ma.matmul(mb))) / 1e6
-    } else {
-        f64::NAN
-    };
-    let gflops = 2.0 * (k as f64).powi(3) / (matmul2048_ms * 1e6);
+    });
+    let gflops = matmul2048_ms.map(|ms| 2.0 * (k as f64).powi(3) / (ms * 1e6));
 
     let threads = rayon::current_num_threads();
     let rss = peak_rss_mb();
+    // (JSON key, table label, value, decimals, unit)
+    let rows: &[(&str, &str, Option<f64>, usize, &str)] = &[
+        ("add10_ns", "add10", add10_ns, 1, "ns"),
+        (
+            "add10_1M_live_ns",
+            "add10, 1M arrays live",
+            add10_1m_live_ns,
+            1,
+            "ns",
+        ),
+        ("scope_array_ns", "array in scope", scoped_ns, 1, "ns"),
+        ("no_scope_array_ns", "array closed", unscoped_ns, 1, "ns"),
+        (
+            "matmul_1000x2x1_us",
+            "matmul [1000,2]x[2,1]",
+            matmul_small_us,
+            3,
+            "us",
+        ),
+        ("add16M_ms", "add 16M f32", add16m_ms, 3, "ms"),
+        (
+            "add16M_GBps",
+            "add 16M f32, bandwidth",
+            add16m_gbps,
+            2,
+            "GB/s",
+        ),
+        ("matmul2048_ms", "matmul 2048^3 f32", matmul2048_ms, 2, "ms"),
+        (
+            "matmul2048_GFLOPs",
+            "matmul 2048^3 f32, rate",
+            gflops,
+            1,
+            "GFLOP/s",
+        ),
+        ("sum16M_ms", "sum 16M f32", sum16m_ms, 3, "ms"),
+        ("linreg_step_us", "linreg step (manual)", linreg_us, 3, "us"),
+        (
+            "linreg_autograd_step_us",
+            "linreg step (autograd)",
+            linreg_autograd_us,
+            3,
+            "us",
+        ),
+        (
+            "parallel_2t_speedup_independent",
+            "2 threads / 1, own data",
+            par_indep,
+            2,
+            "x",
+        ),
+        (
+            "parallel_2t_speedup_shared",
+            "2 threads / 1, shared data",
+            par_shared,
+            2,
+            "x",
+        ),
+        (
+            "parallel_2t_speedup_independent_autograd",
+            "2 threads / 1, own data, autograd",
+            par_indep_ag,
+            2,
+            "x",
+        ),
+        (
+            "parallel_2t_speedup_shared_autograd",
+            "2 threads / 1, shared data, autograd",
+            par_shared_ag,
+            2,
+            "x",
+        ),
+        ("peak_rss_mb", "peak RSS", Some(rss), 1, "MiB"),
+    ];
     if json {
+        let fields: Vec<String> = rows
+            .iter()
+            .map(|(key, _, v, prec, _)| format!("\"{key}\":{}", fmt(*v, *prec, true)))
+            .collect();
         println!(
-            "{{\"impl\":\"ndscope\",\"threads\":{threads},\"add10_ns\":{add10_ns:.1},\
-             \"add10_1M_live_ns\":{add10_1m_live_ns:.1},\"scope_array_ns\":{scoped_ns:.1},\
-             \"no_scope_array_ns\":{unscoped_ns:.1},\
-             \"matmul_1000x2x1_us\":{matmul_small_us:.3},\"add16M_ms\":{add16m_ms:.3},\
-             \"add16M_GBps\":{add16m_gbps:.2},\"matmul2048_ms\":{matmul2048_ms:.2},\
-             \"matmul2048_GFLOPs\":{gflops:.1},\"sum16M_ms\":{sum16m_ms:.3},\"linreg_step_us\":{linreg_us:.3},\
-             \"peak_rss_mb\":{rss:.1}}}"
+            "{{\"impl\":\"ndscope\",\"threads\":{threads},{}}}",
+            fields.join(",")
         );
     } else {
-        println!("threads                 {threads}");
-        println!("add10                   {add10_ns:.1} ns");
-        println!("add10, 1M arrays live    {add10_1m_live_ns:.1} ns");
-        println!("array in scope / closed {scoped_ns:.1} / {unscoped_ns:.1} ns");
-        println!("matmul [1000,2]x[2,1]   {matmul_small_us:.3} us");
-        println!("add 16M f32             {add16m_ms:.3} ms ({add16m_gbps:.2} GB/s)");
-        println!("matmul 2048^3 f32       {matmul2048_ms:.2} ms ({gflops:.1} GFLOP/s)");
-        println!("sum 16M f32             {sum16m_ms:.3} ms");
-        println!("linreg step (manual)    {linreg_us:.3} us");
-        println!("peak RSS                {rss:.1} MiB");
+        println!("{:<38} {threads}", "threads");
+        for (_, label, v, prec, unit) in rows {
+            println!("{label:<38} {} {unit}", fmt(*v, *prec, false));
+        }
     }
     m.close();
 }
