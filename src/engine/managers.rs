@@ -153,12 +153,13 @@ impl Managers {
         Ok(out)
     }
 
-    /// `id` and its whole subtree, children before parents.
+    /// `id` and its whole subtree, children before parents, the latest child first.
     fn subtree_post_order(&self, id: MgrId) -> Vec<MgrId> {
         let mut out = Vec::new();
         fn walk(t: &Managers, id: MgrId, out: &mut Vec<MgrId>) {
             if let Some(m) = t.slab.get(id) {
-                for &c in &m.children {
+                // Latest child first, as a close pops its parent's list.
+                for &c in m.children.iter().rev() {
                     walk(t, c, out);
                 }
                 out.push(id);
