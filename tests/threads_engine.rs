@@ -13,8 +13,8 @@
 //! The tests of this binary check the process-wide counters (`ndscope::memory()`), so
 //! they run one at a time (`serial()`), each with its own threads inside.
 //!
-//! Cases of the model test: `NDSCOPE_MODEL_CASES` (default 64); steps per case: up to
-//! `NDSCOPE_MODEL_STEPS` (default 80). `NDSCOPE_THREADS_ITERS` scales the iteration
+//! Cases of the model test: `NDSCOPE_MODEL_CASES` (default 400, about 8 s in a debug
+//! build); steps per case: up to `NDSCOPE_MODEL_STEPS` (default 100). `NDSCOPE_THREADS_ITERS` scales the iteration
 //! counts of the other tests (default 1; valgrind runs use the same small sizes).
 
 use ndscope::{
@@ -25,7 +25,7 @@ use proptest::test_runner::{Config, TestRunner};
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashSet};
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel, sync_channel};
 use std::sync::{Barrier, Mutex, MutexGuard, Once};
 use std::thread::JoinHandle;
@@ -1253,8 +1253,8 @@ fn run_case(pool: &Pool, steps: &[(usize, Act)], foreign_registrations: bool) {
 /// an array made on another worker.
 fn run_model(foreign_registrations: bool) {
     let _serial = serial();
-    let cases = env_or("NDSCOPE_MODEL_CASES", 64);
-    let max_steps = env_or("NDSCOPE_MODEL_STEPS", 80) as usize;
+    let cases = env_or("NDSCOPE_MODEL_CASES", 400);
+    let max_steps = env_or("NDSCOPE_MODEL_STEPS", 100) as usize;
     let base = counters();
     let system_children = NDManager::system().children().len();
     let pool = Pool::new(WORKERS);
@@ -1770,4 +1770,462 @@ fn thread_churn_leaves_exact_counters() {
     assert!(subs.iter().all(|m| !m.is_open()));
     assert_eq!(counters(), base);
     assert_eq!(NDManager::system().children().len(), system_children);
+}
+
+// ==================================================================== in-place vs reads
+
+/// One reader's view of `a`: every element equal, never below what it saw before.
+fn check_uniform(vals: &[f32], last: &mut f32, what: &str) {
+    let first = vals[0];
+    assert!(
+        vals.iter().all(|&v| v == first),
+        "torn {what}: {:?} ... {:?}",
+        &vals[..4],
+        vals.iter().find(|&&v| v != first)
+    );
+    assert!(first >= *last, "{what} went back from {last} to {first}");
+    *last = first;
+}
+
+/// One writer keeps every element of an `n`-element array equal (`+=`, `-=` of a
+/// negative and `set` of the whole array, each step one higher) while two readers
+/// read it (`to_vec`, `a * 1.0`, `a.sum()`), each in a scope of its own.
+fn writes_race_reads(n: usize) {
+    let base = counters();
+    let m = NDManager::new();
+    let a = m.zeros([n], DType::F32);
+    // Sums stay exact: n * writes < 2^24.
+    let writes = iters(120).min((1 << 24) / n - 1);
+    let done = AtomicBool::new(false);
+    let reads = std::thread::scope(|s| {
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let done = &done;
+                s.spawn(move || {
+                    let (mut last, mut count) = (0.0f32, 0usize);
+                    while !done.load(Ordering::Acquire) || count < 3 {
+                        let _s = NDScope::new();
+                        check_uniform(&a.to_vec::<f32>().unwrap(), &mut last, "to_vec");
+                        check_uniform(&(a * 1.0).to_vec::<f32>().unwrap(), &mut last, "a * 1");
+                        let sum = a.sum().to_scalar::<f32>().unwrap();
+                        let k = sum / n as f32;
+                        assert_eq!(k * n as f32, sum, "sum {sum} of equal elements");
+                        assert!(k.fract() == 0.0 && k >= last, "sum {sum} after {last}");
+                        last = k;
+                        count += 1;
+                    }
+                    count
+                })
+            })
+            .collect();
+        let writer = s.spawn(|| {
+            let mut w = a;
+            for k in 0..writes {
+                match k % 3 {
+                    0 => w += 1.0,
+                    1 => w -= -1.0,
+                    _ => a.set(":", (k + 1) as f64),
+                }
+            }
+            done.store(true, Ordering::Release);
+        });
+        writer.join().unwrap();
+        readers
+            .into_iter()
+            .map(|r| r.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert!(reads.iter().all(|&r| r >= 3));
+    assert_eq!(a.to_vec::<f32>().unwrap(), vec![writes as f32; n]);
+    assert_eq!(
+        m.memory().live_arrays,
+        1,
+        "the readers' scopes freed their results"
+    );
+    m.close();
+    assert_eq!(counters(), base);
+}
+
+/// Threads (docs/ownership.md: "an in-place write never races a read, which sees the
+/// old values or the new ones, never a mix"), a 4,096-element array (small ops).
+#[test]
+fn in_place_writes_never_tear_reads_of_a_small_array() {
+    let _serial = serial();
+    writes_race_reads(4096);
+}
+
+/// The same for 65,536 elements (ops read a snapshot outside the shard lock).
+#[test]
+fn in_place_writes_never_tear_reads_of_a_large_array() {
+    let _serial = serial();
+    writes_race_reads(1 << 16);
+}
+
+// ==================================================================== close and cap races
+
+/// Errors B saw in `manager_closed_while_another_thread_uses_it`.
+static CLOSE_RACE_ERRORS: AtomicU64 = AtomicU64::new(0);
+
+/// What thread B may see while A closes manager `name`: a result, `ManagerClosed`, or
+/// `Closed` for an array freed by that close (or by the close of `sub`, one of its
+/// sub-managers).
+fn allowed_while_closing<T>(r: ndscope::Result<T>, names: &[String]) -> Option<T> {
+    if r.is_err() {
+        CLOSE_RACE_ERRORS.fetch_add(1, Ordering::Relaxed);
+    }
+    match r {
+        Ok(v) => Some(v),
+        Err(NdError::ManagerClosed { name }) => {
+            assert!(names.contains(&name), "ManagerClosed names {name}");
+            None
+        }
+        Err(NdError::Closed(info)) => {
+            match &info.reason {
+                CloseReason::ManagerClose { manager } => {
+                    assert!(names.contains(manager), "closed by {manager}")
+                }
+                other => panic!("closed for {other:?}"),
+            }
+            None
+        }
+        Err(e) => panic!("unexpected error while the manager closes: {e}"),
+    }
+}
+
+/// Rules 1 and 8 and Threads (docs/ownership.md: "a manager closed on one thread frees
+/// the arrays it owns wherever they were created"): thread A closes a manager while
+/// thread B creates arrays and sub-managers in it and runs ops on its arrays. B sees
+/// only results or `ManagerClosed` / `Closed` errors naming that close, never a panic
+/// (A closes once B has done a few steps; B stops a few steps after it sees the close);
+/// afterwards every array B got in it is closed, every sub-manager closed, the other
+/// manager's counters are exact, and the process is back at its baseline.
+#[test]
+fn manager_closed_while_another_thread_uses_it() {
+    let _serial = serial();
+    let base = counters();
+    for round in 0..iters(100) {
+        let m = NDManager::new();
+        let x = m.ones([16], DType::F32);
+        let other = NDManager::new();
+        let y = other.ones([16], DType::F32);
+        let start = Barrier::new(2);
+        // Steps B has finished; A closes after a few, so the close lands mid-way.
+        let progress = AtomicU64::new(0);
+        let (mine, subs, theirs) = std::thread::scope(|s| {
+            let b = s.spawn(|| {
+                let names = vec![m.name()];
+                let (mut mine, mut subs, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
+                let mut closed_seen_at = None;
+                start.wait();
+                for i in 0u64.. {
+                    let mut names = names.clone();
+                    names.extend(subs.iter().map(NDManager::name));
+                    match allowed_while_closing(m.try_zeros([4], DType::F32), &names) {
+                        Some(a) => mine.push(a),
+                        None => {
+                            closed_seen_at.get_or_insert(i);
+                        }
+                    }
+                    if let Some(r) = allowed_while_closing(x.try_add(1.0), &names) {
+                        mine.push(r);
+                    }
+                    if let Some(r) = allowed_while_closing(y.try_add(x), &names) {
+                        theirs.push(r); // owned by `other`
+                    }
+                    if let Some(v) = allowed_while_closing(x.try_get("2:5"), &names) {
+                        mine.push(v);
+                    }
+                    allowed_while_closing(x.try_sum().map(|s| mine.push(s)), &names);
+                    if i % 3 == 0
+                        && let Some(sub) = allowed_while_closing(m.try_new_sub_manager(), &names)
+                    {
+                        names.push(sub.name());
+                        if let Some(a) =
+                            allowed_while_closing(sub.try_ones([2], DType::F32), &names)
+                        {
+                            mine.push(a);
+                        }
+                        subs.push(sub);
+                    }
+                    {
+                        // A scope of B's own: what it registers is freed, closed or not.
+                        let _s = NDScope::new();
+                        allowed_while_closing(x.try_mul(2.0), &names);
+                    }
+                    progress.store(i + 1, Ordering::Release);
+                    // A few more steps after the close was seen.
+                    if closed_seen_at.is_some_and(|c| i >= c + 3) {
+                        break;
+                    }
+                }
+                (mine, subs, theirs)
+            });
+            start.wait();
+            while progress.load(Ordering::Acquire) < round as u64 % 7 + 1 {
+                std::thread::yield_now();
+            }
+            m.close();
+            b.join().expect("B never panics")
+        });
+        assert!(!m.is_open() && x.is_closed());
+        assert!(!mine.is_empty() && CLOSE_RACE_ERRORS.swap(0, Ordering::Relaxed) > 0);
+        assert!(mine.iter().all(|a| a.is_closed()), "round {round}");
+        assert!(subs.iter().all(|s| !s.is_open()), "round {round}");
+        assert_eq!(m.memory(), Default::default());
+        assert_eq!(other.memory().live_arrays, 1 + theirs.len());
+        for r in &theirs {
+            assert_eq!(r.to_vec::<f32>().unwrap(), vec![2.0; 16]);
+        }
+        other.close();
+        assert_eq!(counters(), base, "round {round}");
+    }
+}
+
+/// Rule 8 (docs/ownership.md) across threads: once `cap()` has returned on thread A,
+/// creating in the manager on thread B fails with `ManagerCapped`; what B made before
+/// stays alive and owned; sub-managers, old and new, keep working.
+#[test]
+fn cap_on_one_thread_stops_creation_on_another() {
+    let _serial = serial();
+    let base = counters();
+    for round in 0..iters(30) {
+        let m = NDManager::new();
+        let old_sub = m.new_sub_manager();
+        let capped = AtomicBool::new(false);
+        let start = Barrier::new(2);
+        let made = std::thread::scope(|s| {
+            let b = s.spawn(|| {
+                let mut made = Vec::new();
+                start.wait();
+                loop {
+                    let after_cap = capped.load(Ordering::Acquire);
+                    match m.try_zeros([2], DType::F32) {
+                        Ok(a) => {
+                            assert!(!after_cap, "created after cap() returned");
+                            made.push(a);
+                        }
+                        Err(NdError::ManagerCapped { name }) => assert_eq!(name, m.name()),
+                        Err(e) => panic!("{e}"),
+                    }
+                    if after_cap {
+                        return made;
+                    }
+                    if made.len() >= 2000 {
+                        while !capped.load(Ordering::Acquire) {
+                            std::thread::yield_now();
+                        }
+                    }
+                }
+            });
+            start.wait();
+            for _ in 0..round % 5 {
+                let _s = NDScope::new();
+                let _ = old_sub.ones([2], DType::F32);
+            }
+            m.cap();
+            capped.store(true, Ordering::Release);
+            b.join().expect("B never panics")
+        });
+        assert!(matches!(
+            m.try_ones([1], DType::F32),
+            Err(NdError::ManagerCapped { .. })
+        ));
+        let new_sub = m.new_sub_manager();
+        let c = new_sub.ones([1], DType::F32);
+        let d = old_sub.ones([1], DType::F32);
+        assert!(made.iter().all(|a| !a.is_closed() && a.manager() == m));
+        assert_eq!(m.memory().live_arrays, made.len() + 2);
+        m.close();
+        assert!(made.iter().all(|a| a.is_closed()) && c.is_closed() && d.is_closed());
+        assert_eq!(counters(), base, "round {round}");
+    }
+}
+
+// ==================================================================== shared data
+
+/// Threads (docs/ownership.md: "Many threads may read a shared array (a data set,
+/// parameters) at once") and rules 3, 6: a data set made on the main thread is read by
+/// four threads, each in scopes of its own (views by `get`, matmul, sums); every
+/// result equals the one computed alone, the data are unchanged and the counters come
+/// back to the baseline.
+#[test]
+fn shared_read_only_data_read_by_four_threads() {
+    let _serial = serial();
+    let base = counters();
+    let m = NDManager::new();
+    let data = m.random_uniform(-1.0, 1.0, [64, 16], DType::F32);
+    let w = m.random_uniform(-1.0, 1.0, [16, 4], DType::F32);
+    let data_before = data.to_vec::<f32>().unwrap();
+    // What each thread computes, computed once alone.
+    let compute = |t: usize| {
+        let rows = format!("{}:{}", t * 16, t * 16 + 16);
+        let v = data.get(&rows);
+        let y = v.matmul(w);
+        let col = data.get(&format!(":, {t}"));
+        (
+            y.to_vec::<f32>().unwrap(),
+            y.sum().to_scalar::<f32>().unwrap(),
+            col.to_vec::<f32>().unwrap(),
+            (col * v.get("0, :").sum())
+                .sum()
+                .to_scalar::<f32>()
+                .unwrap(),
+        )
+    };
+    let expected: Vec<_> = (0..4).map(|t| ndscope::scope(|| compute(t))).collect();
+    assert_eq!(
+        m.memory().live_arrays,
+        2,
+        "the scopes freed everything they made"
+    );
+    let start = Barrier::new(4);
+    std::thread::scope(|s| {
+        for (t, want) in expected.iter().enumerate() {
+            let (start, compute) = (&start, &compute);
+            s.spawn(move || {
+                start.wait();
+                for i in 0..iters(100) {
+                    let scope = NDScope::new();
+                    let got = compute(t);
+                    assert!(&got == want, "thread {t}, iteration {i}");
+                    // v, y, its sum, col, a row of v, its sum, the product, its sum.
+                    assert_eq!(scope.memory().live_arrays, 8, "what the scope holds");
+                }
+            });
+        }
+    });
+    assert_eq!(data.to_vec::<f32>().unwrap(), data_before);
+    assert_eq!(m.memory().live_arrays, 2);
+    m.close();
+    assert_eq!(counters(), base);
+}
+
+// ==================================================================== foreign arrays in scopes
+
+/// Rules 3, 4, 5 and 9 (docs/ownership.md): a scope on one thread holding arrays made
+/// on other threads. Registering one adds a reference; closing the scope frees it
+/// unless a retain (or another thread's scope) still holds it; `escape` moves it to
+/// the parent scope of the same thread; `release` of an array held by scopes of two
+/// threads at the same depth gives up one of them.
+#[test]
+fn scopes_hold_arrays_made_on_other_threads() {
+    let _serial = serial();
+    let base = counters();
+    let pool = Pool::new(2);
+    let m = NDManager::new();
+
+    // Registered on worker 0, freed by its close; counted right.
+    let x = m.full([3], 1.0, DType::F32);
+    let opened_at = pool.on(0, move |_| {
+        let s = NDScope::new();
+        assert_eq!(s.register(x), x);
+        assert_eq!(x.ref_count(), 1);
+        assert_eq!(s.arrays(), vec![x]);
+        assert_eq!(s.memory().live_bytes, 12);
+        let at = s.opened_at().unwrap();
+        drop(s);
+        at
+    });
+    assert!(x.is_closed());
+    assert_closed(
+        &x.try_sum().unwrap_err(),
+        x,
+        &CloseReason::ScopeClose { opened_at },
+    );
+    assert_eq!(m.memory().live_arrays, 0);
+
+    // Retained: survives the scope, freed by its last release.
+    let y = m.full([3], 2.0, DType::F32);
+    assert_eq!(y.retain(), 1);
+    pool.on(1, move |_| {
+        let s = NDScope::new();
+        s.register(y);
+        assert_eq!(y.ref_count(), 2);
+    });
+    assert!(!y.is_closed());
+    assert_eq!(y.ref_count(), 1);
+    assert_eq!(m.memory().live_arrays, 1);
+    assert!(y.release());
+    assert_closed(&y.to_vec::<f32>().unwrap_err(), y, &CloseReason::Release);
+
+    // Escaped from an inner scope to the outer one of the same (other) thread.
+    let z = m.full([2], 3.0, DType::F32);
+    pool.on(0, move |w| {
+        w.push(NDScope::new());
+        let inner = NDScope::new();
+        inner.register(z);
+        assert_eq!(inner.escape(z), z);
+        assert!(inner.arrays().is_empty());
+        assert_eq!(w[0].arrays(), vec![z]);
+        drop(inner);
+        assert!(!z.is_closed());
+    });
+    assert_eq!(z.ref_count(), 1);
+    assert_eq!((z * 2.0).to_vec::<f32>().unwrap(), [6.0, 6.0]); // on the main thread
+    let opened_at = pool.on(0, |w| {
+        let s = w.pop().unwrap();
+        let at = s.opened_at().unwrap();
+        drop(s);
+        at
+    });
+    assert_closed(
+        &z.try_add(z).unwrap_err(),
+        z,
+        &CloseReason::ScopeClose { opened_at },
+    );
+    assert_eq!(
+        m.memory().live_arrays,
+        1,
+        "z * 2.0 (made here, in no scope)"
+    );
+
+    // Made in worker 1's scope, registered in worker 0's too: the first close leaves
+    // it, the second frees it.
+    let q = pool.on(1, {
+        let m = m.clone();
+        move |w| {
+            w.push(NDScope::new());
+            m.full([4], 4.0, DType::F32)
+        }
+    });
+    assert_eq!(q.ref_count(), 1);
+    pool.on(0, move |w| {
+        w.push(NDScope::new());
+        w[0].register(q);
+        assert_eq!(q.ref_count(), 2);
+        w.pop();
+    });
+    assert!(!q.is_closed());
+    assert_eq!(q.ref_count(), 1);
+    assert_eq!(m.memory().live_arrays, 2);
+    pool.on(1, |w| drop(w.pop()));
+    assert!(q.is_closed());
+    assert_eq!(m.memory().live_arrays, 1);
+
+    // Registered in scopes of both workers at depth 0: one release gives up one of
+    // the two registrations (which one the rules leave open), the next frees it.
+    let r = m.full([1], 5.0, DType::F32);
+    for t in 0..2 {
+        pool.on(t, move |w| {
+            w.push(NDScope::new());
+            w[0].register(r);
+        });
+    }
+    assert_eq!(r.ref_count(), 2);
+    assert!(!r.release());
+    assert_eq!(r.ref_count(), 1);
+    let held: Vec<bool> = (0..2)
+        .map(|t| pool.on(t, move |w| w[0].arrays().contains(&r)))
+        .collect();
+    assert_eq!(held.iter().filter(|&&h| h).count(), 1, "{held:?}");
+    let keeper = held.iter().position(|&h| h).unwrap();
+    pool.on(1 - keeper, |w| drop(w.pop()));
+    assert!(!r.is_closed());
+    pool.on(keeper, |w| drop(w.pop()));
+    assert!(r.is_closed());
+
+    assert_eq!(m.memory().live_arrays, 1);
+    m.close();
+    drop(pool);
+    assert_eq!(counters(), base);
 }
