@@ -13,9 +13,10 @@
 //! The tests of this binary check the process-wide counters (`ndscope::memory()`), so
 //! they run one at a time (`serial()`), each with its own threads inside.
 //!
-//! Cases of the model test: `NDSCOPE_MODEL_CASES` (default 400, about 8 s in a debug
-//! build); steps per case: up to `NDSCOPE_MODEL_STEPS` (default 100). `NDSCOPE_THREADS_ITERS` scales the iteration
-//! counts of the other tests (default 1; valgrind runs use the same small sizes).
+//! Cases of the model test: `NDSCOPE_MODEL_CASES` (default 400, about 6 s in a debug
+//! build); steps per case: up to `NDSCOPE_MODEL_STEPS` (default 100).
+//! `NDSCOPE_THREADS_SCALE` scales the iteration counts of the other tests, in percent
+//! (default 100; `.ci/valgrind` uses 20).
 
 use ndscope::{
     CloseReason, DType, GradientCollector, NDArray, NDManager, NDScope, NdError, SourceLocation,
@@ -52,9 +53,10 @@ fn env_or(name: &str, default: u32) -> u32 {
         .unwrap_or(default)
 }
 
-/// Iteration counts of the non-model tests, scaled by `NDSCOPE_THREADS_ITERS`.
+/// Iteration counts of the non-model tests, scaled by `NDSCOPE_THREADS_SCALE` percent
+/// (at least 1).
 fn iters(n: usize) -> usize {
-    n * env_or("NDSCOPE_THREADS_ITERS", 1).max(1) as usize
+    (n * env_or("NDSCOPE_THREADS_SCALE", 100) as usize / 100).max(1)
 }
 
 thread_local! {
