@@ -1308,9 +1308,6 @@ fn run_model(foreign_registrations: bool) {
 /// (rules 1, 2, 8); views share buffers across threads (rule 6); stale handles report
 /// their reason and close site (rule 7).
 #[test]
-#[ignore = "engine bug: unlinking an array from a scope list that also holds an array \
-            of another shard panics (`shard N used without its lock`); see \
-            `scope_holding_another_threads_array_*`"]
 fn cross_thread_ownership_matches_the_reference_model() {
     run_model(true);
 }
@@ -1354,8 +1351,6 @@ fn foreign_array(m: &NDManager) -> NDArray {
 /// thread, where that scope also holds an array of another thread (registered by
 /// hand), frees just that array.
 #[test]
-#[ignore = "engine bug: `close()` of an array whose scope also holds another shard's \
-            array panics (`shard N used without its lock`) in scope_unlink_at"]
 fn scope_holding_another_threads_array_survives_a_close_of_a_local_one() {
     let _serial = serial();
     let base = counters();
@@ -1376,8 +1371,6 @@ fn scope_holding_another_threads_array_survives_a_close_of_a_local_one() {
 
 /// Rule 5 (docs/ownership.md): the same with `release()`.
 #[test]
-#[ignore = "engine bug: `release()` of an array whose scope also holds another shard's \
-            array panics (`shard N used without its lock`) in scope_unlink_at"]
 fn scope_holding_another_threads_array_survives_a_release_of_a_local_one() {
     let _serial = serial();
     let base = counters();
@@ -1397,8 +1390,6 @@ fn scope_holding_another_threads_array_survives_a_release_of_a_local_one() {
 /// Rule 4 (docs/ownership.md): `keep()` of an array registered in its own thread's
 /// scope, next to another thread's array.
 #[test]
-#[ignore = "engine bug: `keep()` of an array whose scope also holds another shard's \
-            array panics (`shard N used without its lock`) in scope_unlink_at"]
 fn scope_holding_another_threads_array_survives_a_keep_of_a_local_one() {
     let _serial = serial();
     let base = counters();
@@ -1418,8 +1409,6 @@ fn scope_holding_another_threads_array_survives_a_keep_of_a_local_one() {
 /// Rule 4 (docs/ownership.md): escaping one of two arrays of two other threads from a
 /// scope.
 #[test]
-#[ignore = "engine bug: `escape()` from a scope that holds arrays of two other shards \
-            panics (`shard N used without its lock`) in scope_unlink_at"]
 fn scope_holding_two_other_threads_arrays_escapes_one() {
     let _serial = serial();
     let base = counters();
@@ -1538,9 +1527,6 @@ fn two_collectors_on_two_threads_compute_what_each_computes_alone() {
 /// a parameter made on the main thread and trained on another thread gets a fresh
 /// gradient from each new collector there, not the sum over all steps.
 #[test]
-#[ignore = "engine bug: `GradientCollector::new` zeroes only the parameters whose records \
-            live in the calling thread's shard, so a parameter made on another thread \
-            accumulates over steps (docs/ownership.md promises per-tape zeroing)"]
 fn collector_zeroes_a_parameter_made_on_another_thread() {
     let _serial = serial();
     let base = counters();

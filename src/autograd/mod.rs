@@ -21,8 +21,10 @@
 //! * **Parameters.** `w.set_requires_gradient(true)` creates `w`'s gradient array once:
 //!   zeros of `w`'s shape and dtype, owned by `w`'s manager and registered in no scope.
 //!   The engine's array record links it to `w` (so it is freed with `w`, however `w`
-//!   dies), and a global list of parameters lets a new collector zero the gradients by
-//!   visiting the parameters only, never all live arrays (the walk that slowed DJL down).
+//!   dies), and each engine shard lists the parameters created on its thread, so a new
+//!   collector zeroes gradients by visiting its thread's parameters only, never all
+//!   live arrays (the walk that slowed DJL down) nor other threads' parameters.
+//!   `set_requires_gradient` is atomic: two threads racing get one gradient.
 //!   [`NDArray::gradient`] returns that handle on every call; backward writes into it in
 //!   place, so it never creates an array in a long-lived manager.
 //! * **Recording.** A collector sets a thread-local flag. Every differentiable op calls
@@ -46,9 +48,14 @@
 //!   each input's gradient over broadcast axes back to the input's shape, and adds the
 //!   results into the parameters' gradient arrays in place. Its temporaries live in an
 //!   `NDScope` it opens and closes itself. Ops run during backward are not recorded.
-//! * **Zeroing.** [`GradientCollector::new`] zeroes every parameter's gradient (DJL and
-//!   `optimizer.zero_grad()` in PyTorch); [`GradientCollector::accumulating`] leaves
-//!   them, so gradients add up over several collectors (PyTorch's default).
+//! * **Zeroing.** [`GradientCollector::new`] zeroes the gradients of the parameters
+//!   created on its thread when it starts, and those of any other parameter when its
+//!   tape first records it (DJL and `optimizer.zero_grad()` in PyTorch); so a
+//!   collector touches only its own thread's parameters and the ones it uses, and
+//!   collectors on two threads training their own parameters never interfere.
+//!   [`GradientCollector::accumulating`] leaves gradients as they are, so they add up
+//!   over several collectors (PyTorch's default). Two collectors that train the *same*
+//!   parameter at once both add into its one gradient array.
 //! * **In-place ops** on an array the current tape depends on (a parameter or a
 //!   recorded result) are an error while the tape is not empty, as in PyTorch; update
 //!   parameters after `backward` (which empties the tape) or after the collector drops.
@@ -231,6 +238,10 @@ thread_local! {
     /// Whether a collector is alive on this thread.
     static COLLECTING: Cell<bool> = const { Cell::new(false) };
     static TAPE: RefCell<Tape> = RefCell::new(Tape::default());
+    /// Whether the live collector accumulates (does not zero gradients).
+    static ACCUMULATE: Cell<bool> = const { Cell::new(false) };
+    /// Parameters of other threads this collector has zeroed on first use.
+    static ZEROED: RefCell<IdSet> = RefCell::new(IdSet::default());
 }
 
 /// Record op `rule` with `inputs` and result `output` on this thread's tape, if a
@@ -258,6 +269,19 @@ fn record_slow(inputs: &[ArrayId], output: ArrayId, rule: Rule) {
         }
         if needs == 0 || !float {
             return; // integer/bool results carry no gradient
+        }
+        // A parameter made on another thread is zeroed when this collector first
+        // records it (this thread's own were zeroed when the collector started).
+        if params != 0 && !ACCUMULATE.with(Cell::get) {
+            for (i, &id) in inputs.iter().enumerate() {
+                if params & (1 << i) != 0
+                    && !engine::is_mine(id)
+                    && ZEROED.with(|z| z.borrow_mut().insert(id))
+                    && let Ok(Some(g)) = engine::grad(id)
+                {
+                    let _ = zero_fill(g);
+                }
+            }
         }
         let (mask, out) = rule.saves(inputs.len());
         let mut held = SmallVec::new();
@@ -346,8 +370,10 @@ pub struct GradientCollector {
 }
 
 impl GradientCollector {
-    /// Start recording on this thread, zeroing the gradient of every array that
-    /// requires one. Panics if a collector is already alive on this thread.
+    /// Start recording on this thread, zeroing the gradients of the parameters created
+    /// on this thread now and of any other parameter when the tape first records it
+    /// (see the [module docs](self)). Panics if a collector is already alive on this
+    /// thread.
     #[allow(clippy::new_without_default)]
     #[track_caller]
     pub fn new() -> GradientCollector {
@@ -384,6 +410,8 @@ impl GradientCollector {
         if !accumulate {
             zero_gradients()?;
         }
+        ACCUMULATE.with(|c| c.set(accumulate));
+        ZEROED.with(|z| z.borrow_mut().clear());
         COLLECTING.with(|c| c.set(true));
         RECORDING.with(|c| c.set(true));
         Ok(GradientCollector {

@@ -1,12 +1,12 @@
 //! Array lifecycle on locked shards: insert, free, move between managers, reference
 //! counts and tape holds. Every function here runs on a [`Ctx`] that holds the locks of
-//! the shards it touches; [`Ctx::free_is_local`] and friends tell the callers in
-//! `mod.rs` whether one shard's lock is enough.
+//! the shards it touches; [`Ctx::free_shards`] tells the callers in `mod.rs` which
+//! shards those are.
 
 #[cfg(not(feature = "untracked"))]
 use super::records::Tomb;
 use super::records::{ArrayRec, BufMeta, Cause};
-use super::shard::{CURRENT_SCOPE, Ctx, Shard};
+use super::shard::{CURRENT_SCOPE, Ctx, Shard, Shards, add};
 use super::slab::{ArrayId, BufId, MgrId};
 use super::{Buffer, Layout};
 use crate::DType;
@@ -41,6 +41,22 @@ fn capture_backtrace() -> Option<Arc<str>> {
 }
 
 impl Shard {
+    /// Whether freeing `id` (of this shard) touches no other shard: the fast check
+    /// before [`Ctx::free_shards`].
+    #[inline]
+    pub(crate) fn free_is_local(&self, id: ArrayId) -> bool {
+        let s = id.shard;
+        let Some(r) = self.arrays.get(id) else {
+            return true; // nothing to free
+        };
+        r.buffer.shard == s
+            && r.scopes.iter().all(|(sc, _)| {
+                sc.shard == s && self.scopes.get(*sc).is_none_or(|x| x.foreign.is_empty())
+            })
+            && r.grad.is_none_or(|g| g.shard == s && self.free_is_local(g))
+            && !self.buffers.get(r.buffer).is_some_and(|b| b.foreign)
+    }
+
     /// An `Arc` around `buf`, reusing a spare shell when one is kept.
     fn wrap_buffer(&mut self, buf: Buffer) -> Arc<Buffer> {
         match self.spare_arcs.pop() {
@@ -66,18 +82,33 @@ impl Shard {
 }
 
 impl Ctx {
-    /// Whether freeing `id` touches only its own shard: its buffer, the buffer's other
-    /// holders, its scope registrations and its gradient all live there.
-    pub(crate) fn free_is_local(&self, id: ArrayId) -> bool {
-        let s = id.shard;
-        let sh = self.shr(s);
-        let Some(r) = sh.arrays.get(id) else {
-            return true; // nothing to free
+    /// Add the shards freeing `id` touches to `out`: its own, its buffer's (and, for
+    /// a buffer viewed from several shards, its holders', one of which takes over the
+    /// charge), its scopes', and its gradient's. Reads only locked shards; a shard
+    /// it cannot look into yet is added for the caller's next round.
+    pub(crate) fn free_shards(&self, id: ArrayId, out: &mut Shards) {
+        add(out, id.shard);
+        if !self.holds(id.shard) {
+            return;
+        }
+        let Some(r) = self.shr(id.shard).arrays.get(id) else {
+            return; // nothing to free
         };
-        r.buffer.shard == s
-            && !sh.buffers.get(r.buffer).is_some_and(|b| b.foreign)
-            && r.scopes.iter().all(|(sc, _)| sc.shard == s)
-            && r.grad.is_none_or(|g| g.shard == s && self.free_is_local(g))
+        add(out, r.buffer.shard);
+        if self.holds(r.buffer.shard)
+            && let Some(b) = self.shr(r.buffer.shard).buffers.get(r.buffer)
+            && b.foreign
+        {
+            for h in &b.holders {
+                add(out, h.shard);
+            }
+        }
+        for &(sc, _) in &r.scopes {
+            self.unlink_shards(sc, out);
+        }
+        if let Some(g) = r.grad {
+            self.free_shards(g, out);
+        }
     }
 
     /// Register a new array in `mgr` (and in this thread's innermost scope). The

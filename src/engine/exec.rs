@@ -1,11 +1,12 @@
 //! Op execution: resolve inputs, run the kernel, register the result.
 //!
-//! * **Local fast path.** When every input (record and buffer) lives in this thread's
-//!   shard, the op takes that one lock, and small work (under [`OUTSIDE_LOCK_WORK`]
-//!   elements) is computed right there: one uncontended lock round trip per op. Only
-//!   the owning thread normally takes that lock; another thread that reads one of these
-//!   arrays waits at most one small kernel.
-//! * **Snapshot path.** Large work, and any op with an input from another shard, reads
+//! * **Small work** (under [`OUTSIDE_LOCK_WORK`] elements) is computed under the locks
+//!   of the shards involved. When every input (record and buffer) lives in this
+//!   thread's shard, that is one uncontended lock round trip per op: only the owning
+//!   thread normally takes that lock; another thread that reads one of these arrays
+//!   waits at most one small kernel. An input from another shard adds that shard's
+//!   lock for the duration of the small kernel.
+//! * **Snapshot path.** Large work reads
 //!   `Arc` snapshots of the input buffers with no lock held. Each snapshot is marked as
 //!   an outside read (under the lock of the buffer's shard) so that in-place writers,
 //!   which write under that lock, wait for it (parked, not spinning); then the result is
@@ -111,7 +112,34 @@ pub(crate) enum Output {
     View { of: usize, layout: Layout },
 }
 
+/// Resolved inputs.
+type Operands<'a> = SmallVec<[Operand<'a>; 3]>;
+
 impl Ctx {
+    /// The operands of `ids`, as far as their buffers' shards are locked; the flag says
+    /// whether all were.
+    #[inline]
+    fn resolve(&self, ids: &[ArrayId]) -> Result<(Operands<'_>, bool)> {
+        let mut ops = Operands::new();
+        for &id in ids {
+            let r: &ArrayRec = self.array(id)?;
+            if !self.holds(r.buffer.shard) {
+                return Ok((ops, false));
+            }
+            let meta = self.buffer(r.buffer);
+            ops.push(Operand {
+                buf: &meta.buf,
+                layout: &r.layout,
+                dtype: r.dtype,
+                id,
+                created_at: r.created_at,
+                buffer_id: r.buffer,
+                manager: r.manager,
+            });
+        }
+        Ok((ops, true))
+    }
+
     pub(crate) fn operand(&self, id: ArrayId) -> Result<Operand<'_>> {
         let r: &ArrayRec = self.array(id)?;
         let meta = self.buffer(r.buffer);
@@ -184,29 +212,44 @@ fn run_op_inner(
     f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,
 ) -> Result<ArrayId> {
     let me = my_shard();
-    if inputs.iter().all(|i| i.shard == me) {
-        let mut ctx = Ctx::one(me);
-        let mut local = true;
-        let mut work = 0usize;
-        for &id in inputs {
-            let r = ctx.array(id)?;
-            local &= r.buffer.shard == me;
-            work += r.layout.size();
-        }
-        if local && work < OUTSIDE_LOCK_WORK {
-            let mut ops = SmallVec::<[Operand<'_>; 3]>::new();
-            for &id in inputs {
-                ops.push(ctx.operand(id)?);
-            }
-            // Resolved above, so `ops[0]` exists; its manager owns the result.
-            let mgr = ops[0].manager;
-            let buffers: SmallVec<[BufId; 3]> = ops.iter().map(|o| o.buffer_id).collect();
-            let out = f(&ops)?;
+    // Small work: compute under the locks of the shards involved (only this thread's
+    // when every input and its buffer live there, the common case).
+    let mut ctx = if inputs.iter().all(|i| i.shard == me) {
+        Ctx::one(me)
+    } else {
+        lock_arrays(inputs, &[me])
+    };
+    loop {
+        let (ops, all) = ctx.resolve(inputs)?;
+        if !all {
+            // A view of another shard's buffer: lock that shard too.
             drop(ops);
-            return register_output(&mut ctx, me, mgr, out, &buffers, inputs, at);
+            drop(ctx);
+            ctx = lock_arrays(inputs, &[me]);
+            continue;
         }
+        let work: usize = ops.iter().map(|o| o.layout.size()).sum();
+        if work >= OUTSIDE_LOCK_WORK {
+            break;
+        }
+        // Resolved above, so `ops[0]` exists; its manager owns the result.
+        let mgr = ops[0].manager;
+        let buffers: SmallVec<[BufId; 3]> = ops.iter().map(|o| o.buffer_id).collect();
+        let out = f(&ops)?;
+        drop(ops);
+        return register_output(&mut ctx, me, mgr, out, &buffers, inputs, at);
     }
-    // Snapshot path: compute with no lock held.
+    drop(ctx);
+    run_op_unlocked(me, inputs, at, f)
+}
+
+/// The snapshot path: compute with no lock held.
+fn run_op_unlocked(
+    me: u32,
+    inputs: &[ArrayId],
+    at: SourceLocation,
+    f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,
+) -> Result<ArrayId> {
     let mut snaps = SmallVec::<[Snapshot; 3]>::new();
     for &id in inputs {
         snaps.push(Snapshot::take(id)?);

@@ -67,7 +67,7 @@ use crate::error::{ArrayDesc, Result, SourceLocation};
 use crate::{DType, Shape};
 use exec::lock_arrays;
 use records::ScopeRec;
-use shard::{Ctx, my_shard};
+use shard::{Ctx, Shards, lock_needed, my_shard};
 
 /// Lock the shard of `id` alone (metadata of the record only).
 #[inline]
@@ -75,14 +75,17 @@ fn lock_record(id: ArrayId) -> Ctx {
     Ctx::one(id.shard)
 }
 
-/// Lock what freeing `id` may touch: its shard, or every shard.
+/// Lock what freeing `id` may touch (usually just its shard).
+#[inline]
 fn lock_for_free(id: ArrayId) -> Ctx {
     let ctx = lock_record(id);
-    if ctx.free_is_local(id) {
+    if let Ctx::One(_, sh) = &ctx
+        && sh.free_is_local(id)
+    {
         return ctx;
     }
     drop(ctx);
-    Ctx::all()
+    lock_needed(&[id.shard], |ctx, out| ctx.free_shards(id, out))
 }
 
 // -------------------------------------------------------------------- arrays
@@ -213,6 +216,12 @@ pub(crate) fn tape_info(
     Some((params, shapes, float))
 }
 
+/// Whether `id`'s record lives in this thread's shard (it was created on this thread,
+/// or on an exited thread whose shard this one adopted).
+pub(crate) fn is_mine(id: ArrayId) -> bool {
+    id.shard == my_shard()
+}
+
 /// A tape hold: keeps `id` alive past the close of its scopes until [`unhold`].
 pub(crate) fn hold(id: ArrayId) -> Result<()> {
     lock_record(id).hold(id)
@@ -236,32 +245,39 @@ pub(crate) fn close_scope(
     sid: ScopeId,
     at: Option<SourceLocation>,
 ) -> Result<Vec<Box<dyn Resource>>> {
-    let mut ctx = Ctx::one(sid.shard);
+    let mut ctx = lock_needed(&[sid.shard], |ctx, out| {
+        if let Ok(chain) = ctx.close_chain(sid) {
+            ctx.close_shards(&chain, out);
+        }
+    });
     if ctx.sh(sid.shard).scopes.get(sid).is_none() {
         return Ok(Vec::new()); // already closed (e.g. by an outer scope)
     }
-    let mut chain = ctx.close_chain(sid)?;
-    if !ctx.close_is_local(&chain) {
-        drop(ctx);
-        ctx = Ctx::all();
-        chain = ctx.close_chain(sid)?;
-    }
+    let chain = ctx.close_chain(sid)?;
     Ok(ctx.close_scopes(&chain, at))
+}
+
+/// Lock what unlinking `id` from its scopes (and from `also`) touches.
+fn lock_scopes_of(id: ArrayId, also: Option<ScopeId>) -> Ctx {
+    let mut first: Shards = smallvec::smallvec![id.shard];
+    if let Some(sid) = also {
+        shard::add(&mut first, sid.shard);
+    }
+    lock_needed(&first, |ctx, out| {
+        if let Some(sid) = also {
+            ctx.unlink_shards(sid, out);
+        }
+        if let Some(r) = ctx.shr(id.shard).arrays.get(id) {
+            for &(s, _) in &r.scopes {
+                ctx.unlink_shards(s, out);
+            }
+        }
+    })
 }
 
 /// Lock what registering `id` in scope `sid` (or moving it from there) touches.
 fn lock_scope_and(sid: ScopeId, id: ArrayId) -> Ctx {
-    let ctx = Ctx::set(&[sid.shard, id.shard]);
-    let local = ctx
-        .shr(id.shard)
-        .arrays
-        .get(id)
-        .is_none_or(|r| r.scopes.iter().all(|(s, _)| ctx.holds(s.shard)));
-    if local {
-        return ctx;
-    }
-    drop(ctx);
-    Ctx::all()
+    lock_scopes_of(id, Some(sid))
 }
 
 pub(crate) fn escape(sid: ScopeId, id: ArrayId) -> Result<()> {
@@ -278,19 +294,7 @@ pub(crate) fn register(sid: ScopeId, id: ArrayId) -> Result<()> {
 
 /// Remove `id` from every scope.
 pub(crate) fn unregister_all(id: ArrayId) -> Result<()> {
-    let ctx = lock_record(id);
-    let local = ctx
-        .shr(id.shard)
-        .arrays
-        .get(id)
-        .is_none_or(|r| r.scopes.iter().all(|(s, _)| s.shard == id.shard));
-    let mut ctx = if local {
-        ctx
-    } else {
-        drop(ctx);
-        Ctx::all()
-    };
-    ctx.unregister_all(id)
+    lock_scopes_of(id, None).unregister_all(id)
 }
 
 /// Close `r` with scope `sid`; gives it back if the scope is closed.

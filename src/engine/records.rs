@@ -68,6 +68,9 @@ pub(crate) struct ScopeRec {
     /// Nesting depth on its thread (outermost = 0), to find the innermost registration.
     pub depth: u32,
     pub arrays: Vec<ArrayId>,
+    /// Shards of arrays from other shards ever registered here (unlinking an entry
+    /// moves another entry, whose record may live there).
+    pub foreign: SmallVec<[u32; 2]>,
     pub opened_at: SourceLocation,
     pub resources: Vec<Box<dyn Resource>>,
 }

@@ -3,7 +3,7 @@
 //! another thread and registered by hand), in which case the operation holds both.
 
 use super::records::{Cause, Resource, ScopeRec};
-use super::shard::{CURRENT_SCOPE, Ctx};
+use super::shard::{CURRENT_SCOPE, Ctx, Shards, add};
 use super::slab::{ArrayId, ScopeId};
 use crate::error::{NdError, Result, SourceLocation};
 use smallvec::SmallVec;
@@ -25,12 +25,11 @@ impl Ctx {
         }
         r.scopes.push((sid, pos));
         r.orphaned = None;
-        self.sh(sid.shard)
-            .scopes
-            .get_mut(sid)
-            .expect("checked")
-            .arrays
-            .push(id);
+        let scope = self.sh(sid.shard).scopes.get_mut(sid).expect("checked");
+        scope.arrays.push(id);
+        if id.shard != sid.shard && !scope.foreign.contains(&id.shard) {
+            scope.foreign.push(id.shard);
+        }
     }
 
     /// Remove the entry at `pos` of scope `sid`'s list, fixing the moved entry.
@@ -94,6 +93,7 @@ impl Ctx {
             parent,
             depth,
             arrays,
+            foreign: SmallVec::new(),
             opened_at: at,
             resources: Vec::new(),
         });
@@ -117,15 +117,28 @@ impl Ctx {
         })
     }
 
-    /// Whether closing these scopes touches only their shard.
-    pub(crate) fn close_is_local(&self, chain: &[ScopeId]) -> bool {
-        chain.iter().all(|c| {
-            self.shr(c.shard).scopes.get(*c).is_none_or(|s| {
-                s.arrays
-                    .iter()
-                    .all(|a| a.shard == c.shard && self.free_is_local(*a))
-            })
-        })
+    /// Add the shards unlinking an entry of scope `sid` touches to `out`.
+    pub(crate) fn unlink_shards(&self, sid: ScopeId, out: &mut Shards) {
+        add(out, sid.shard);
+        if self.holds(sid.shard)
+            && let Some(s) = self.shr(sid.shard).scopes.get(sid)
+        {
+            for &f in &s.foreign {
+                add(out, f);
+            }
+        }
+    }
+
+    /// Add the shards closing these scopes touches to `out`.
+    pub(crate) fn close_shards(&self, chain: &[ScopeId], out: &mut Shards) {
+        for c in chain {
+            add(out, c.shard);
+            if let Some(s) = self.shr(c.shard).scopes.get(*c) {
+                for &a in &s.arrays {
+                    self.free_shards(a, out);
+                }
+            }
+        }
     }
 
     /// Close the scopes of `chain` (innermost first). Returns the resources to close

@@ -162,6 +162,61 @@ pub(crate) fn shard_count() -> usize {
     SHARD_COUNT.load(Ordering::Acquire)
 }
 
+/// A set of shard indices.
+pub(crate) type Shards = SmallVec<[u32; 8]>;
+
+/// Add shard `s` to the set.
+#[inline]
+pub(crate) fn add(out: &mut Shards, s: u32) {
+    if !out.contains(&s) {
+        out.push(s);
+    }
+}
+
+/// Beyond this many shards an operation simply locks them all.
+const MANY_SHARDS: usize = 8;
+
+/// Lock the shards an operation needs: start with `first`, ask `need` (which may read
+/// only locked shards) which shards it touches, and lock more until it asks for no
+/// shard that is not locked. Records can change while no lock is held, hence the loop.
+#[inline]
+pub(crate) fn lock_needed(first: &[u32], need: impl Fn(&Ctx, &mut Shards)) -> Ctx {
+    // The common case: one shard, and the operation stays in it.
+    if let [only] = first {
+        let ctx = Ctx::one(*only);
+        let mut more = Shards::new();
+        need(&ctx, &mut more);
+        if more.iter().all(|s| s == only) {
+            return ctx;
+        }
+    }
+    lock_needed_slow(first, need)
+}
+
+#[cold]
+fn lock_needed_slow(first: &[u32], need: impl Fn(&Ctx, &mut Shards)) -> Ctx {
+    let mut want: Shards = first.iter().copied().collect();
+    loop {
+        let ctx = Ctx::set(&want);
+        let mut more = Shards::new();
+        need(&ctx, &mut more);
+        let before = want.len();
+        for s in more {
+            if !ctx.holds(s) && !want.contains(&s) {
+                want.push(s);
+            }
+        }
+        if want.len() == before {
+            return ctx;
+        }
+        drop(ctx);
+        if want.len() > MANY_SHARDS {
+            let ctx = Ctx::all();
+            return ctx;
+        }
+    }
+}
+
 /// The shards an operation holds locked.
 pub(crate) enum Ctx {
     /// One shard (the common case).
@@ -181,6 +236,11 @@ impl Ctx {
 
     /// Lock these shards (in index order).
     pub(crate) fn set(shards: &[u32]) -> Ctx {
+        if let [first, rest @ ..] = shards
+            && rest.iter().all(|s| s == first)
+        {
+            return Ctx::one(*first);
+        }
         let mut v: SmallVec<[u32; 3]> = shards.iter().copied().collect();
         v.sort_unstable();
         v.dedup();
