@@ -82,9 +82,10 @@ impl Shard {
 }
 
 impl Ctx {
-    /// Add the shards freeing `id` touches to `out`: its own, its buffer's (and, for
-    /// a buffer viewed from several shards, its holders', one of which takes over the
-    /// charge), its scopes', and its gradient's. Reads only locked shards; a shard
+    /// Add the shards freeing `id` touches to `out`: its own, its buffer's (and, when
+    /// `id` is charged for a buffer viewed from several shards, the next holder's,
+    /// which takes over the charge), its scopes' (and theirs, see
+    /// [`Ctx::unlink_shards`]), and its gradient's. Reads only locked shards; a shard
     /// it cannot look into yet is added for the caller's next round.
     pub(crate) fn free_shards(&self, id: ArrayId, out: &mut Shards) {
         add(out, id.shard);
@@ -98,10 +99,12 @@ impl Ctx {
         if self.holds(r.buffer.shard)
             && let Some(b) = self.shr(r.buffer.shard).buffers.get(r.buffer)
             && b.foreign
+            && b.holders.first() == Some(&id)
+            && let Some(next) = b.holders.get(1)
         {
-            for h in &b.holders {
-                add(out, h.shard);
-            }
+            // The charged holder of a buffer viewed from several shards: the next
+            // holder, which takes over the charge, may live elsewhere.
+            add(out, next.shard);
         }
         for &(sc, _) in &r.scopes {
             self.unlink_shards(sc, out);
