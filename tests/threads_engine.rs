@@ -310,10 +310,18 @@ struct MArr {
     freed: Option<Freed>,
 }
 
+/// A data buffer as the engine keeps it: one record per worker that views it (the
+/// creator's is the home, kept while other records exist; the others are proxies, in
+/// the order they were made, dropped when empty), each with its holders in creation
+/// order. One record carries the charge: its first holder is charged. When that holder
+/// goes, the record's next holder takes the charge; when the record has none left, the
+/// home's first holder, else the first proxy's.
 struct MBuf {
     bytes: usize,
-    /// Arrays viewing it, in creation order; the first is charged.
-    holders: Vec<usize>,
+    /// (worker, holders); `records[0]` is the home.
+    records: Vec<(usize, Vec<usize>)>,
+    /// The worker whose record carries the charge.
+    carrier: usize,
     /// The elements (row-major; every view has the same flat data).
     vals: Vec<f32>,
 }
@@ -520,14 +528,19 @@ impl<'p> Model<'p> {
         let i = self.arrays.len();
         let buf = match share {
             Some(b) => {
-                self.bufs[b].holders.push(i);
+                let recs = &mut self.bufs[b].records;
+                match recs.iter_mut().find(|(w, _)| *w == t) {
+                    Some((_, hs)) => hs.push(i),
+                    None => recs.push((t, vec![i])),
+                }
                 b
             }
             None => {
                 assert_eq!(vals.len(), shape.iter().product::<usize>());
                 self.bufs.push(MBuf {
                     bytes: vals.len() * 4,
-                    holders: vec![i],
+                    records: vec![(t, vec![i])],
+                    carrier: t,
                     vals,
                 });
                 self.bufs.len() - 1
@@ -560,7 +573,27 @@ impl<'p> Model<'p> {
         a.scopes.clear();
         a.freed = Some(Freed { why, closed_at });
         let b = a.buf;
-        self.bufs[b].holders.retain(|&h| h != i);
+        let buf = &mut self.bufs[b];
+        let r = buf
+            .records
+            .iter()
+            .position(|(_, hs)| hs.contains(&i))
+            .expect("holder is listed");
+        buf.records[r].1.retain(|&h| h != i);
+        if !buf.records[r].1.is_empty() {
+            return;
+        }
+        let worker = buf.records[r].0;
+        if r > 0 {
+            buf.records.remove(r); // an empty proxy goes
+        }
+        if buf.carrier == worker {
+            // The charge moves to the home's first holder, else the first proxy's.
+            buf.carrier = match buf.records.iter().find(|(_, hs)| !hs.is_empty()) {
+                Some((w, _)) => *w,
+                None => usize::MAX, // no holder left: the buffer is gone
+            };
+        }
     }
 
     /// Close worker `t`'s scope at stack position `k` (and the ones opened inside it).
@@ -715,7 +748,12 @@ impl<'p> Model<'p> {
             add(a.owner, (1, 0, 0));
         }
         for b in &self.bufs {
-            if let Some(&first) = b.holders.first() {
+            if let Some(&first) = b
+                .records
+                .iter()
+                .find(|(w, _)| *w == b.carrier)
+                .and_then(|(_, hs)| hs.first())
+            {
                 add(self.arrays[first].owner, (0, 1, b.bytes));
             }
         }

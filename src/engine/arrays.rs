@@ -54,7 +54,11 @@ impl Shard {
                 sc.shard == s && self.scopes.get(*sc).is_none_or(|x| x.foreign.is_empty())
             })
             && r.grad.is_none_or(|g| g.shard == s && self.free_is_local(g))
-            && !self.buffers.get(r.buffer).is_some_and(|b| b.foreign)
+            && self.buffers.get(r.buffer).is_none_or(|m| {
+                // Data only this shard views, or not the last holder of its record:
+                // nothing outside this shard changes.
+                (m.home.is_none() && m.proxies.is_empty()) || m.holders.len() > 1
+            })
     }
 
     /// An `Arc` around `buf`, reusing a spare shell when one is kept.
@@ -85,9 +89,11 @@ impl Ctx {
     /// Add the shards freeing `id` touches to `out`: its own, its buffer's (and, when
     /// `id` is charged for a buffer viewed from several shards, the next holder's,
     /// which takes over the charge), its scopes' (and theirs, see
-    /// [`Ctx::unlink_shards`]), and its gradient's. Reads only locked shards; a shard
+    /// [`Ctx::unlink_shards`]), and its gradient's. `bulk`: other holders of its
+    /// buffer may be freed in the same operation (a scope close), so `id` may end up
+    /// the last. Reads only locked shards; a shard
     /// it cannot look into yet is added for the caller's next round.
-    pub(crate) fn free_shards(&self, id: ArrayId, out: &mut Shards) {
+    pub(crate) fn free_shards(&self, id: ArrayId, bulk: bool, out: &mut Shards) {
         add(out, id.shard);
         if !self.holds(id.shard) {
             return;
@@ -95,22 +101,32 @@ impl Ctx {
         let Some(r) = self.shr(id.shard).arrays.get(id) else {
             return; // nothing to free
         };
-        add(out, r.buffer.shard);
-        if self.holds(r.buffer.shard)
-            && let Some(b) = self.shr(r.buffer.shard).buffers.get(r.buffer)
-            && b.foreign
-            && b.holders.first() == Some(&id)
-            && let Some(next) = b.holders.get(1)
-        {
-            // The charged holder of a buffer viewed from several shards: the next
-            // holder, which takes over the charge, may live elsewhere.
-            add(out, next.shard);
+        // The buffer record is in this shard; its last holder's free may drop a proxy
+        // (touching the home) or pass the charge to another shard's record.
+        let m = self.buffer(r.buffer);
+        let shared = m.home.is_some() || !m.proxies.is_empty();
+        if shared {
+            let home = m.home_of(r.buffer);
+            // The last holder of a record drops a proxy from its home, and if charged
+            // passes the charge to another record (in bulk, any holder may end up the
+            // last one).
+            if m.holders.len() == 1 || bulk {
+                add(out, home.shard);
+                if (m.carries || bulk)
+                    && self.holds(home.shard)
+                    && let Some(hm) = self.shr(home.shard).buffers.get(home)
+                {
+                    for p in &hm.proxies {
+                        add(out, p.shard);
+                    }
+                }
+            }
         }
         for &(sc, _) in &r.scopes {
             self.unlink_shards(sc, out);
         }
         if let Some(g) = r.grad {
-            self.free_shards(g, out);
+            self.free_shards(g, bulk, out);
         }
     }
 
@@ -134,7 +150,9 @@ impl Ctx {
                 let meta = BufMeta {
                     buf,
                     holders: SmallVec::new(),
-                    foreign: false,
+                    carries: true,
+                    home: None,
+                    proxies: SmallVec::new(),
                 };
                 (sh.buffers.insert(meta), Some(bytes))
             }
@@ -162,44 +180,99 @@ impl Ctx {
             None => sh.adjust(mgr, 1, 0, 0, 0),
         }
         // A new buffer's first holder is charged for it; a view adds only an array.
-        let meta = self
-            .sh(buffer.shard)
-            .buffers
-            .get_mut(buffer)
-            .expect("live buffer");
+        debug_assert_eq!(buffer.shard, s, "views use a buffer record of their shard");
+        let meta = self.sh(s).buffers.get_mut(buffer).expect("live buffer");
         meta.holders.push(id);
-        if buffer.shard != s {
-            meta.foreign = true;
-        }
         if let Some(scope) = CURRENT_SCOPE.with(|c| c.get()) {
             self.register(scope, id);
         }
         Ok(id)
     }
 
+    /// A buffer record in shard `s` through which an array of `s` can view buffer
+    /// `b` (of a locked shard): `b` itself, its home, or this shard's proxy of it
+    /// (created on first use, which needs the home's shard locked).
+    pub(crate) fn view_buffer(&mut self, s: u32, b: BufId) -> BufId {
+        if b.shard == s {
+            return b;
+        }
+        let home = self.buffer(b).home_of(b);
+        if home.shard == s {
+            return home;
+        }
+        let hm = self.shr(home.shard).buffers.get(home).expect("live home");
+        if let Some(&p) = hm.proxies.iter().find(|p| p.shard == s) {
+            return p;
+        }
+        let buf = hm.buf.clone();
+        let p = self.sh(s).buffers.insert(BufMeta {
+            buf,
+            holders: SmallVec::new(),
+            carries: false,
+            home: Some(home),
+            proxies: SmallVec::new(),
+        });
+        let hm = self
+            .sh(home.shard)
+            .buffers
+            .get_mut(home)
+            .expect("live home");
+        hm.proxies.push(p);
+        p
+    }
+
     /// Drop `id` from its buffer's holders. When `id` was the holder charged for the
-    /// buffer, returns its bytes and the next holder, which takes over the charge (the
-    /// caller moves the charge: first off `id`'s manager, then onto the next holder's,
-    /// so peaks never count it twice).
-    fn remove_holder(&mut self, buffer: BufId, id: ArrayId) -> Option<(usize, Option<ArrayId>)> {
-        let sh = self.sh(buffer.shard);
-        let meta = sh.buffers.get_mut(buffer).expect("live buffer");
+    /// buffer, returns its bytes and the holder that takes over the charge (the caller
+    /// moves the charge: first off `id`'s manager, then onto the next holder's, so
+    /// peaks never count it twice): the next holder of the same record, else the
+    /// home's first, else the first proxy's (proxies in the order they were made).
+    /// A proxy left without holders is dropped; the data is freed when no record
+    /// holds it.
+    fn remove_holder(&mut self, b: BufId, id: ArrayId) -> Option<(usize, Option<ArrayId>)> {
+        let meta = self.sh(b.shard).buffers.get_mut(b).expect("live buffer");
         let bytes = meta.buf.bytes();
         let i = meta
             .holders
             .iter()
             .position(|&h| h == id)
             .expect("engine invariant: holder is listed");
+        let charged = meta.carries && i == 0;
         meta.holders.remove(i);
-        let next = meta.holders.first().copied();
-        if next.is_none() {
+        if let Some(&next) = meta.holders.first() {
+            return charged.then_some((bytes, Some(next)));
+        }
+        // The record has no holder left.
+        meta.carries = false;
+        let home = meta.home_of(b);
+        if home != b {
+            drop(self.sh(b.shard).buffers.remove(b));
+            let hm = self
+                .sh(home.shard)
+                .buffers
+                .get_mut(home)
+                .expect("live home");
+            hm.proxies.retain(|p| *p != b);
+        }
+        let hsh = self.sh(home.shard);
+        let hm = hsh.buffers.get_mut(home).expect("live home");
+        if hm.holders.is_empty() && hm.proxies.is_empty() {
             // Dropping the Arc frees the block unless an op outside the lock still
             // reads it, in which case that op's snapshot frees it.
-            if let Some(meta) = sh.buffers.remove(buffer) {
-                sh.recycle_arc(meta.buf);
-            }
+            let hm = hsh.buffers.remove(home).expect("live");
+            hsh.recycle_arc(hm.buf);
+            return charged.then_some((bytes, None));
         }
-        (i == 0).then_some((bytes, next))
+        if !charged {
+            return None;
+        }
+        if let Some(&next) = hm.holders.first() {
+            hm.carries = true;
+            return Some((bytes, Some(next)));
+        }
+        let p = hm.proxies[0];
+        let pm = self.sh(p.shard).buffers.get_mut(p).expect("live proxy");
+        pm.carries = true;
+        Some((bytes, pm.holders.first().copied()))
     }
 
     /// Move an array to another manager, carrying its counts and buffer charge.
@@ -214,7 +287,7 @@ impl Ctx {
             return Ok(());
         }
         let meta = self.buffer(buffer);
-        let charged = meta.holders.first() == Some(&id);
+        let charged = meta.charged() == Some(id);
         let bytes = meta.buf.bytes() as isize * charged as isize;
         let sh = self.sh(s);
         let list = &mut sh.entry_mut(from).arrays;

@@ -17,7 +17,7 @@
 
 use super::arrays::Data;
 use super::records::ArrayRec;
-use super::shard::{Ctx, my_shard};
+use super::shard::{Ctx, Shards, add, lock_needed, my_shard};
 use super::slab::{ArrayId, BufId, MgrId};
 use super::{Buffer, Layout};
 use crate::diag::profile;
@@ -382,8 +382,22 @@ fn register_output(
             at,
         ),
         Output::View { of, layout } => {
+            let b = buffers[of];
+            if b.shard != me {
+                // A view of another shard's data goes through this shard's proxy of
+                // it, which may have to be made (under the home's lock).
+                let home = ctx.buffer(b).home_of(b);
+                if home.shard != me && !ctx.holds(home.shard) {
+                    let mut want = ctx.held();
+                    want.push(home.shard);
+                    drop(std::mem::replace(ctx, Ctx::Some(SmallVec::new())));
+                    *ctx = Ctx::set(&want);
+                }
+                ctx.sh(me).accepts(mgr)?;
+            }
             let dtype = ctx.array(inputs[of])?.dtype;
-            ctx.insert_array(me, mgr, Data::Share(buffers[of]), layout, dtype, at)
+            let vb = ctx.view_buffer(me, b);
+            ctx.insert_array(me, mgr, Data::Share(vb), layout, dtype, at)
         }
     }
 }
@@ -414,19 +428,36 @@ pub(crate) fn run_inplace(
     inputs: &[ArrayId],
     f: impl FnOnce(OperandMut<'_>, &[Operand<'_>]) -> Result<()>,
 ) -> Result<()> {
-    let mut ids: SmallVec<[ArrayId; 4]> = smallvec::smallvec![target];
-    ids.extend_from_slice(inputs);
-    let mut ctx = lock_arrays(&ids, &[]);
+    // The shards of the target and the inputs, and every shard that reads the target's
+    // data through its own record (the home's and the proxies').
+    let mut first: Shards = smallvec::smallvec![target.shard];
+    for i in inputs {
+        add(&mut first, i.shard);
+    }
+    let need = |ctx: &Ctx, out: &mut Shards| {
+        let Ok(r) = ctx.array(target) else { return };
+        let home = ctx.buffer(r.buffer).home_of(r.buffer);
+        add(out, home.shard);
+        if ctx.holds(home.shard)
+            && let Some(hm) = ctx.shr(home.shard).buffers.get(home)
+        {
+            for p in &hm.proxies {
+                add(out, p.shard);
+            }
+        }
+    };
     // Wait until no op reads the target outside a lock (they hold none, so they
-    // finish; new ones cannot start while we hold the buffer's shard).
-    loop {
+    // finish; new ones cannot start while we hold the shards of the buffer's records).
+    let ctx = loop {
+        let ctx = lock_needed(&first, need);
         let r = ctx.array(target)?;
         let buf = ctx.buffer(r.buffer).buf.clone();
         if !buf.has_outside_readers() {
-            break;
+            break ctx;
         }
-        ctx.unlocked(|| wait_for_readers(&buf));
-    }
+        drop(ctx);
+        wait_for_readers(&buf);
+    };
     let r = ctx.array(target)?;
     let tbuf = &ctx.buffer(r.buffer).buf;
     // Inputs sharing the target's buffer are copied out first so reads never alias

@@ -85,7 +85,7 @@ fn lock_for_free(id: ArrayId) -> Ctx {
         return ctx;
     }
     drop(ctx);
-    lock_needed(&[id.shard], |ctx, out| ctx.free_shards(id, out))
+    lock_needed(&[id.shard], |ctx, out| ctx.free_shards(id, false, out))
 }
 
 // -------------------------------------------------------------------- arrays

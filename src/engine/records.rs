@@ -52,14 +52,44 @@ pub(crate) struct ArrayRec {
     pub orphaned: Option<SourceLocation>,
 }
 
-/// A data buffer and the arrays that view it.
+/// A data buffer and the arrays of this shard that view it.
+///
+/// Every array's buffer record lives in the array's own shard. The shard that created
+/// the data holds its *home* record; another shard that views it holds a *proxy*
+/// record (same `Arc<Buffer>`, its own holders, `home` set) listed in the home's
+/// `proxies`. So views made and freed on one thread touch only its shard, even of
+/// another thread's data. The buffer's bytes are charged to the first holder of the
+/// one record (home or proxy) that `carries` the charge; when that holder goes, the
+/// next holder of the record takes it, and when the record has none left, the home's
+/// first holder, else the first proxy's.
+/// An in-place write locks the home's shard and every proxy's, which excludes the
+/// readers of all of them.
 pub(crate) struct BufMeta {
     pub buf: Arc<Buffer>,
-    /// Arrays viewing this buffer; the first is the one its bytes are charged to.
+    /// Arrays of this shard viewing the buffer.
     pub holders: SmallVec<[ArrayId; 2]>,
-    /// Whether a holder ever lived in another shard (then freeing a holder may move the
-    /// charge across shards, so it runs under every shard's lock).
-    pub foreign: bool,
+    /// Whether this record's first holder is charged for the bytes.
+    pub carries: bool,
+    /// For a proxy: the home record.
+    pub home: Option<BufId>,
+    /// For a home: the proxies in other shards (each has at least one holder).
+    pub proxies: SmallVec<[BufId; 1]>,
+}
+
+impl BufMeta {
+    /// The home record of this buffer (itself for a home).
+    pub(crate) fn home_of(&self, id: BufId) -> BufId {
+        self.home.unwrap_or(id)
+    }
+
+    /// The array charged for the bytes, if it is one of this record's holders.
+    pub(crate) fn charged(&self) -> Option<ArrayId> {
+        if self.carries {
+            self.holders.first().copied()
+        } else {
+            None
+        }
+    }
 }
 
 /// A scope: its parent on the same thread and the arrays registered in it.
@@ -184,7 +214,7 @@ impl Ctx {
             return 0;
         };
         let meta = self.buffer(r.buffer);
-        if meta.holders.first() == Some(&id) {
+        if meta.charged() == Some(id) {
             meta.buf.bytes()
         } else {
             0

@@ -135,7 +135,7 @@ impl Ctx {
             add(out, c.shard);
             if let Some(s) = self.shr(c.shard).scopes.get(*c) {
                 for &a in &s.arrays {
-                    self.free_shards(a, out);
+                    self.free_shards(a, true, out);
                 }
             }
         }

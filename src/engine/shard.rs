@@ -303,16 +303,6 @@ impl Ctx {
             Ctx::All(v) => (0..v.len() as u32).collect(),
         }
     }
-
-    /// Run `f` with every lock released, then lock the same shards again.
-    pub(crate) fn unlocked<R>(&mut self, f: impl FnOnce() -> R) -> R {
-        let all = matches!(self, Ctx::All(_));
-        let held = self.held();
-        drop(std::mem::replace(self, Ctx::Some(SmallVec::new())));
-        let r = f();
-        *self = if all { Ctx::all() } else { Ctx::set(&held) };
-        r
-    }
 }
 
 #[cold]
