@@ -155,27 +155,20 @@ impl Ctx {
     }
 }
 
-/// Lock the shards of these arrays' records and buffers (and `extra`). A closed array
-/// is skipped (the caller's lookup reports it).
+/// Lock the shards of these arrays (their buffer records live there too) and
+/// `extra`, exclusively.
 pub(crate) fn lock_arrays(ids: &[ArrayId], extra: &[u32]) -> Ctx {
     let mut want: SmallVec<[u32; 6]> = ids.iter().map(|i| i.shard).collect();
     want.extend_from_slice(extra);
-    loop {
-        let ctx = Ctx::set(&want);
-        let mut missing = false;
-        for &id in ids {
-            if let Some(r) = ctx.shr(id.shard).arrays.get(id)
-                && !ctx.holds(r.buffer.shard)
-            {
-                want.push(r.buffer.shard);
-                missing = true;
-            }
-        }
-        if !missing {
-            return ctx;
-        }
-        // A record's buffer never changes: the second round holds everything.
-    }
+    Ctx::set(&want)
+}
+
+/// Lock this thread's shard `me` exclusively and the other shards of `ids` shared: an
+/// op reads its inputs and writes only its result (a first view of another shard's
+/// data also writes that shard; [`register_output`] upgrades then).
+fn lock_inputs(ids: &[ArrayId], me: u32) -> Ctx {
+    let shards: SmallVec<[u32; 4]> = ids.iter().map(|i| i.shard).collect();
+    Ctx::reading(&shards, me)
 }
 
 /// Run op `name` over `inputs`; its result belongs to the first input's manager.
@@ -195,7 +188,7 @@ pub(crate) fn run_op(
     let t0 = std::time::Instant::now();
     let id = run_op_inner(inputs, at, f)?;
     let duration = t0.elapsed();
-    let ctx = lock_arrays(&[id], &[]);
+    let ctx = Ctx::read_only(&[id.shard]);
     profile::record(profile::OpRecord {
         name,
         input_shapes,
@@ -217,7 +210,7 @@ fn run_op_inner(
     let mut ctx = if inputs.iter().all(|i| i.shard == me) {
         Ctx::one(me)
     } else {
-        lock_arrays(inputs, &[me])
+        lock_inputs(inputs, me)
     };
     loop {
         let (ops, all) = ctx.resolve(inputs)?;
@@ -225,7 +218,7 @@ fn run_op_inner(
             // A view of another shard's buffer: lock that shard too.
             drop(ops);
             drop(ctx);
-            ctx = lock_arrays(inputs, &[me]);
+            ctx = lock_inputs(inputs, me);
             continue;
         }
         let work: usize = ops.iter().map(|o| o.layout.size()).sum();
@@ -267,11 +260,7 @@ fn run_op_unlocked(
     drop_snapshots(&mut snaps);
     let out = out?;
     let buffers: SmallVec<[BufId; 3]> = snaps.iter().map(|s| s.buffer_id).collect();
-    let mut extra: SmallVec<[u32; 3]> = smallvec::smallvec![me];
-    if let Output::View { of, .. } = &out {
-        extra.push(buffers[*of].shard);
-    }
-    let mut ctx = lock_arrays(inputs, &extra);
+    let mut ctx = lock_inputs(inputs, me);
     // An input may have been freed meanwhile: a view of it can no longer be made.
     if let Output::View { of, .. } = &out {
         ctx.array(inputs[*of])?;
@@ -293,7 +282,7 @@ struct Snapshot {
 
 impl Snapshot {
     fn take(id: ArrayId) -> Result<Snapshot> {
-        let ctx = lock_arrays(&[id], &[]);
+        let ctx = Ctx::read_only(&[id.shard]);
         let r = ctx.array(id)?;
         let buf = ctx.buffer(r.buffer).buf.clone();
         // Marked under the lock of the buffer's shard, which writers hold.
@@ -387,7 +376,14 @@ fn register_output(
                 // A view of another shard's data goes through this shard's proxy of
                 // it, which may have to be made (under the home's lock).
                 let home = ctx.buffer(b).home_of(b);
-                if home.shard != me && !ctx.holds(home.shard) {
+                let has_proxy = ctx.holds(home.shard)
+                    && ctx
+                        .shr(home.shard)
+                        .buffers
+                        .get(home)
+                        .is_some_and(|h| h.proxies.iter().any(|p| p.shard == me));
+                if home.shard != me && !has_proxy && !ctx.holds_mut(home.shard) {
+                    // Making the proxy writes the home's shard: lock it exclusively.
                     let mut want = ctx.held();
                     want.push(home.shard);
                     drop(std::mem::replace(ctx, Ctx::Some(SmallVec::new())));
@@ -492,7 +488,7 @@ pub(crate) fn run_inplace(
 
 /// Read an array under the locks of its shard and its buffer's.
 pub(crate) fn read<R>(id: ArrayId, f: impl FnOnce(&Operand<'_>) -> R) -> Result<R> {
-    let ctx = lock_arrays(&[id], &[]);
+    let ctx = Ctx::read_only(&[id.shard]);
     let o = ctx.operand(id)?;
     Ok(f(&o))
 }

@@ -350,7 +350,7 @@ pub(crate) fn cap(id: MgrId) {
         Err(_) => return,
     }
     for s in 0..super::shard::shard_count() as u32 {
-        let mut sh = super::shard::shard(s).lock();
+        let mut sh = super::shard::shard(s).write();
         if let Some(Some(e)) = sh.mgrs.get_mut(id.index as usize)
             && e.id == id
         {

@@ -1,6 +1,6 @@
 //! Shards: where records live, and how operations lock them.
 //!
-//! Every thread that uses ndscope gets a shard of its own (a `Mutex<Shard>`): the
+//! Every thread that uses ndscope gets a shard of its own (a `RwLock<Shard>`): the
 //! records of the arrays, buffers and scopes it creates, its share of every manager's
 //! array list and counters ([`MgrEntry`]), and its graveyard of recently freed arrays.
 //! A thread working on its own arrays locks only its own shard, which no other thread
@@ -23,7 +23,7 @@ use super::managers::MgrEntry;
 use super::records::ScopeRec;
 use super::records::{ArrayRec, BufMeta, Tomb, Traces};
 use super::slab::{ArrayId, ArrayK, Graveyard, ScopeId, Serials, Slab};
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 use std::cell::Cell;
 use std::sync::Arc;
@@ -78,8 +78,8 @@ impl Shard {
     }
 }
 
-/// The shard table: leaked `Mutex<Shard>`s, published once and never freed.
-static SHARDS: [AtomicPtr<Mutex<Shard>>; MAX_SHARDS] =
+/// The shard table: leaked `RwLock<Shard>`s, published once and never freed.
+static SHARDS: [AtomicPtr<RwLock<Shard>>; MAX_SHARDS] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SHARDS];
 /// Number of shards created so far (all of `SHARDS[..count]` are published).
 static SHARD_COUNT: AtomicUsize = AtomicUsize::new(0);
@@ -113,7 +113,7 @@ impl Drop for ShardReturn {
 
 /// The shard with this index (it exists: ids only name published shards).
 #[inline]
-pub(crate) fn shard(index: u32) -> &'static Mutex<Shard> {
+pub(crate) fn shard(index: u32) -> &'static RwLock<Shard> {
     let p = SHARDS[index as usize].load(Ordering::Acquire);
     debug_assert!(!p.is_null());
     // SAFETY: published pointers come from `Box::leak` and are never freed or replaced.
@@ -144,7 +144,7 @@ fn assign_shard() -> u32 {
                 i < MAX_SHARDS,
                 "ndscope: more than {MAX_SHARDS} threads use arrays at the same time"
             );
-            let p = Box::leak(Box::new(Mutex::new(Shard::new(i as u32))));
+            let p = Box::leak(Box::new(RwLock::new(Shard::new(i as u32))));
             SHARDS[i].store(p, Ordering::Release);
             SHARD_COUNT.store(i + 1, Ordering::Release);
             i as u32
@@ -217,21 +217,28 @@ fn lock_needed_slow(first: &[u32], need: impl Fn(&Ctx, &mut Shards)) -> Ctx {
     }
 }
 
-/// The shards an operation holds locked.
+/// A held shard lock: exclusive, or shared (an op that only reads another shard's
+/// arrays, so that threads reading one data set do not serialise).
+pub(crate) enum Guard {
+    W(RwLockWriteGuard<'static, Shard>),
+    R(RwLockReadGuard<'static, Shard>),
+}
+
+/// The shards an operation holds locked (exclusively unless said otherwise).
 pub(crate) enum Ctx {
     /// One shard (the common case).
-    One(u32, MutexGuard<'static, Shard>),
+    One(u32, RwLockWriteGuard<'static, Shard>),
     /// A few shards, sorted by index.
-    Some(SmallVec<[(u32, MutexGuard<'static, Shard>); 3]>),
+    Some(SmallVec<[(u32, Guard); 3]>),
     /// Every shard, by index.
-    All(Vec<MutexGuard<'static, Shard>>),
+    All(Vec<RwLockWriteGuard<'static, Shard>>),
 }
 
 impl Ctx {
     /// Lock one shard.
     #[inline]
     pub(crate) fn one(s: u32) -> Ctx {
-        Ctx::One(s, shard(s).lock())
+        Ctx::One(s, shard(s).write())
     }
 
     /// Lock these shards (in index order).
@@ -247,14 +254,62 @@ impl Ctx {
         if v.len() == 1 {
             return Ctx::one(v[0]);
         }
-        Ctx::Some(v.into_iter().map(|s| (s, shard(s).lock())).collect())
+        Ctx::Some(
+            v.into_iter()
+                .map(|s| (s, Guard::W(shard(s).write())))
+                .collect(),
+        )
+    }
+
+    /// Lock `write` exclusively and the other shards of `read` shared (in index order).
+    pub(crate) fn reading(read: &[u32], write: u32) -> Ctx {
+        if read.iter().all(|&s| s == write) {
+            return Ctx::one(write);
+        }
+        let mut v: SmallVec<[u32; 3]> = read.iter().copied().collect();
+        v.push(write);
+        v.sort_unstable();
+        v.dedup();
+        Ctx::Some(
+            v.into_iter()
+                .map(|s| {
+                    let g = if s == write {
+                        Guard::W(shard(s).write())
+                    } else {
+                        Guard::R(shard(s).read())
+                    };
+                    (s, g)
+                })
+                .collect(),
+        )
+    }
+
+    /// Lock these shards shared (in index order): for reading only.
+    pub(crate) fn read_only(read: &[u32]) -> Ctx {
+        let mut v: SmallVec<[u32; 3]> = read.iter().copied().collect();
+        v.sort_unstable();
+        v.dedup();
+        Ctx::Some(
+            v.into_iter()
+                .map(|s| (s, Guard::R(shard(s).read())))
+                .collect(),
+        )
+    }
+
+    /// Whether shard `s` is locked exclusively here.
+    #[inline]
+    pub(crate) fn holds_mut(&self, s: u32) -> bool {
+        match self {
+            Ctx::Some(v) => v.iter().any(|(i, g)| *i == s && matches!(g, Guard::W(_))),
+            _ => self.holds(s),
+        }
     }
 
     /// Lock every shard (in index order).
     pub(crate) fn all() -> Ctx {
         my_shard(); // this thread's shard exists before the count is read
         let n = shard_count();
-        Ctx::All((0..n as u32).map(|s| shard(s).lock()).collect())
+        Ctx::All((0..n as u32).map(|s| shard(s).write()).collect())
     }
 
     /// Whether shard `s` is locked here.
@@ -273,8 +328,8 @@ impl Ctx {
         match self {
             Ctx::One(i, g) if *i == s => g,
             Ctx::Some(v) => match v.iter_mut().find(|(i, _)| *i == s) {
-                Some((_, g)) => g,
-                None => not_held(s),
+                Some((_, Guard::W(g))) => g,
+                _ => not_held(s),
             },
             Ctx::All(v) if (s as usize) < v.len() => &mut v[s as usize],
             _ => not_held(s),
@@ -287,7 +342,8 @@ impl Ctx {
         match self {
             Ctx::One(i, g) if *i == s => g,
             Ctx::Some(v) => match v.iter().find(|(i, _)| *i == s) {
-                Some((_, g)) => g,
+                Some((_, Guard::W(g))) => g,
+                Some((_, Guard::R(g))) => g,
                 None => not_held(s),
             },
             Ctx::All(v) if (s as usize) < v.len() => &v[s as usize],
@@ -308,5 +364,5 @@ impl Ctx {
 #[cold]
 #[inline(never)]
 fn not_held(s: u32) -> ! {
-    panic!("ndscope engine invariant: shard {s} used without its lock")
+    panic!("ndscope engine invariant: shard {s} used without its (exclusive) lock")
 }
