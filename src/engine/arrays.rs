@@ -89,11 +89,9 @@ impl Ctx {
     /// Add the shards freeing `id` touches to `out`: its own, its buffer's (and, when
     /// `id` is charged for a buffer viewed from several shards, the next holder's,
     /// which takes over the charge), its scopes' (and theirs, see
-    /// [`Ctx::unlink_shards`]), and its gradient's. `bulk`: other holders of its
-    /// buffer may be freed in the same operation (a scope close), so `id` may end up
-    /// the last. Reads only locked shards; a shard
+    /// [`Ctx::unlink_shards`]), and its gradient's. Reads only locked shards; a shard
     /// it cannot look into yet is added for the caller's next round.
-    pub(crate) fn free_shards(&self, id: ArrayId, bulk: bool, out: &mut Shards) {
+    pub(crate) fn free_shards(&self, id: ArrayId, out: &mut Shards) {
         add(out, id.shard);
         if !self.holds(id.shard) {
             return;
@@ -108,11 +106,10 @@ impl Ctx {
         if shared {
             let home = m.home_of(r.buffer);
             // The last holder of a record drops a proxy from its home, and if charged
-            // passes the charge to another record (in bulk, any holder may end up the
-            // last one).
-            if m.holders.len() == 1 || bulk {
+            // passes the charge to another record.
+            if m.holders.len() == 1 {
                 add(out, home.shard);
-                if (m.carries || bulk)
+                if m.carries
                     && self.holds(home.shard)
                     && let Some(hm) = self.shr(home.shard).buffers.get(home)
                 {
@@ -126,7 +123,7 @@ impl Ctx {
             self.unlink_shards(sc, out);
         }
         if let Some(g) = r.grad {
-            self.free_shards(g, bulk, out);
+            self.free_shards(g, out);
         }
     }
 

@@ -85,7 +85,7 @@ fn lock_for_free(id: ArrayId) -> Ctx {
         return ctx;
     }
     drop(ctx);
-    lock_needed(&[id.shard], |ctx, out| ctx.free_shards(id, false, out))
+    lock_needed(&[id.shard], |ctx, out| ctx.free_shards(id, out))
 }
 
 // -------------------------------------------------------------------- arrays
@@ -245,16 +245,22 @@ pub(crate) fn close_scope(
     sid: ScopeId,
     at: Option<SourceLocation>,
 ) -> Result<Vec<Box<dyn Resource>>> {
-    let mut ctx = lock_needed(&[sid.shard], |ctx, out| {
-        if let Ok(chain) = ctx.close_chain(sid) {
-            ctx.close_shards(&chain, out);
-        }
-    });
+    // This thread's scopes live in its shard: close them under that lock, freeing
+    // what can be freed there; the few arrays whose release reaches other shards
+    // follow, each under its own locks.
+    let mut ctx = Ctx::one(sid.shard);
     if ctx.sh(sid.shard).scopes.get(sid).is_none() {
         return Ok(Vec::new()); // already closed (e.g. by an outer scope)
     }
     let chain = ctx.close_chain(sid)?;
-    Ok(ctx.close_scopes(&chain, at))
+    let mut later = Vec::new();
+    let resources = ctx.close_scopes(&chain, at, &mut later);
+    drop(ctx);
+    for (id, c, opened_at) in later {
+        lock_needed(&[id.shard], |ctx, out| ctx.free_shards(id, out))
+            .drop_registration(id, c, opened_at, at);
+    }
+    Ok(resources)
 }
 
 /// Lock what unlinking `id` from its scopes (and from `also`) touches.

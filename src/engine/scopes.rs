@@ -129,42 +129,33 @@ impl Ctx {
         }
     }
 
-    /// Add the shards closing these scopes touches to `out`.
-    pub(crate) fn close_shards(&self, chain: &[ScopeId], out: &mut Shards) {
-        for c in chain {
-            add(out, c.shard);
-            if let Some(s) = self.shr(c.shard).scopes.get(*c) {
-                for &a in &s.arrays {
-                    self.free_shards(a, true, out);
-                }
-            }
-        }
-    }
-
-    /// Close the scopes of `chain` (innermost first). Returns the resources to close
-    /// once no lock is held.
+    /// Close the scopes of `chain` (innermost first; they live in locked shards).
+    /// Returns the resources to close once no lock is held. An array whose release
+    /// needs a shard not held here (another thread's array, the last view of another
+    /// thread's data) is pushed to `later` for [`Ctx::drop_registration`] under its
+    /// own locks.
     pub(crate) fn close_scopes(
         &mut self,
         chain: &[ScopeId],
         at: Option<SourceLocation>,
+        later: &mut Vec<(ArrayId, ScopeId, SourceLocation)>,
     ) -> Vec<Box<dyn Resource>> {
         let mut resources = Vec::new();
         for &c in chain {
             let Some(mut scope) = self.sh(c.shard).scopes.remove(c) else {
                 continue;
             };
+            let opened_at = scope.opened_at;
             for id in scope.arrays.drain(..) {
-                let Some(r) = self.sh(id.shard).arrays.get_mut(id) else {
-                    continue;
+                let here = self.holds(id.shard) && {
+                    let mut need = Shards::new();
+                    self.free_shards(id, &mut need);
+                    need.iter().all(|&s| self.holds(s))
                 };
-                if let Some(i) = r.scopes.iter().position(|&(s, _)| s == c) {
-                    r.scopes.swap_remove(i);
-                }
-                if r.scopes.is_empty() && r.retains == 0 && r.holds > 0 {
-                    // Kept for a gradient tape; its last `unhold` frees it.
-                    r.orphaned = Some(scope.opened_at);
-                } else if r.scopes.is_empty() && r.retains == 0 {
-                    self.free_array(id, at, Cause::Scope(scope.opened_at));
+                if here {
+                    self.drop_registration(id, c, opened_at, at);
+                } else {
+                    later.push((id, c, opened_at));
                 }
             }
             resources.extend(scope.resources.into_iter().rev());
@@ -177,6 +168,29 @@ impl Ctx {
             }
         }
         resources
+    }
+
+    /// Drop `id`'s registration in the closed scope `c` (opened at `opened_at`) and
+    /// free it if nothing else holds it.
+    pub(crate) fn drop_registration(
+        &mut self,
+        id: ArrayId,
+        c: ScopeId,
+        opened_at: SourceLocation,
+        at: Option<SourceLocation>,
+    ) {
+        let Some(r) = self.sh(id.shard).arrays.get_mut(id) else {
+            return;
+        };
+        if let Some(i) = r.scopes.iter().position(|&(s, _)| s == c) {
+            r.scopes.swap_remove(i);
+        }
+        if r.scopes.is_empty() && r.retains == 0 && r.holds > 0 {
+            // Kept for a gradient tape; its last `unhold` frees it.
+            r.orphaned = Some(opened_at);
+        } else if r.scopes.is_empty() && r.retains == 0 {
+            self.free_array(id, at, Cause::Scope(opened_at));
+        }
     }
 
     pub(crate) fn scope_add_resource(
