@@ -146,7 +146,7 @@ impl Ctx {
                 let buf = sh.wrap_buffer(buf);
                 let meta = BufMeta {
                     buf,
-                    holders: SmallVec::new(),
+                    holders: Default::default(),
                     carries: true,
                     home: None,
                     proxies: SmallVec::new(),
@@ -204,7 +204,7 @@ impl Ctx {
         let buf = hm.buf.clone();
         let p = self.sh(s).buffers.insert(BufMeta {
             buf,
-            holders: SmallVec::new(),
+            holders: Default::default(),
             carries: false,
             home: Some(home),
             proxies: SmallVec::new(),
@@ -228,14 +228,9 @@ impl Ctx {
     fn remove_holder(&mut self, b: BufId, id: ArrayId) -> Option<(usize, Option<ArrayId>)> {
         let meta = self.sh(b.shard).buffers.get_mut(b).expect("live buffer");
         let bytes = meta.buf.bytes();
-        let i = meta
-            .holders
-            .iter()
-            .position(|&h| h == id)
-            .expect("engine invariant: holder is listed");
+        let i = meta.holders.remove(id);
         let charged = meta.carries && i == 0;
-        meta.holders.remove(i);
-        if let Some(&next) = meta.holders.first() {
+        if let Some(next) = meta.holders.first() {
             return charged.then_some((bytes, Some(next)));
         }
         // The record has no holder left.
@@ -262,14 +257,14 @@ impl Ctx {
         if !charged {
             return None;
         }
-        if let Some(&next) = hm.holders.first() {
+        if let Some(next) = hm.holders.first() {
             hm.carries = true;
             return Some((bytes, Some(next)));
         }
         let p = hm.proxies[0];
         let pm = self.sh(p.shard).buffers.get_mut(p).expect("live proxy");
         pm.carries = true;
-        Some((bytes, pm.holders.first().copied()))
+        Some((bytes, pm.holders.first()))
     }
 
     /// Move an array to another manager, carrying its counts and buffer charge.

@@ -67,13 +67,62 @@ pub(crate) struct ArrayRec {
 pub(crate) struct BufMeta {
     pub buf: Arc<Buffer>,
     /// Arrays of this shard viewing the buffer.
-    pub holders: SmallVec<[ArrayId; 2]>,
+    pub holders: Holders,
     /// Whether this record's first holder is charged for the bytes.
     pub carries: bool,
     /// For a proxy: the home record.
     pub home: Option<BufId>,
     /// For a home: the proxies in other shards (each has at least one holder).
     pub proxies: SmallVec<[BufId; 1]>,
+}
+
+/// The arrays of a buffer record, in creation order. Frees mostly come in creation
+/// order too (a scope closes its arrays in the order they were made), so removing the
+/// first one only moves a start index: no shifting of a long list of views.
+#[derive(Default)]
+pub(crate) struct Holders {
+    ids: SmallVec<[ArrayId; 2]>,
+    /// `ids[..start]` are removed.
+    start: usize,
+}
+
+impl Holders {
+    pub(crate) fn push(&mut self, id: ArrayId) {
+        self.ids.push(id);
+    }
+
+    pub(crate) fn first(&self) -> Option<ArrayId> {
+        self.ids.get(self.start).copied()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ids.len() - self.start
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Remove `id`; returns its position (0: it was the first).
+    pub(crate) fn remove(&mut self, id: ArrayId) -> usize {
+        let i = self.ids[self.start..]
+            .iter()
+            .position(|&h| h == id)
+            .expect("engine invariant: holder is listed");
+        if i == 0 {
+            self.start += 1;
+            if self.start == self.ids.len() {
+                self.ids.clear();
+                self.start = 0;
+            } else if self.start >= 32 && self.start * 2 >= self.ids.len() {
+                self.ids.drain(..self.start);
+                self.start = 0;
+            }
+        } else {
+            self.ids.remove(self.start + i);
+        }
+        i
+    }
 }
 
 impl BufMeta {
@@ -85,7 +134,7 @@ impl BufMeta {
     /// The array charged for the bytes, if it is one of this record's holders.
     pub(crate) fn charged(&self) -> Option<ArrayId> {
         if self.carries {
-            self.holders.first().copied()
+            self.holders.first()
         } else {
             None
         }
