@@ -116,15 +116,35 @@ pub(crate) enum Output {
 type Operands<'a> = SmallVec<[Operand<'a>; 3]>;
 
 impl Ctx {
-    /// The operands of `ids`, as far as their buffers' shards are locked; the flag says
-    /// whether all were.
+    /// Push the operands of `ids` to `ops` (cleared first), as far as their buffers'
+    /// shards are locked; returns whether all were.
     #[inline]
-    fn resolve(&self, ids: &[ArrayId]) -> Result<(Operands<'_>, bool)> {
-        let mut ops = Operands::new();
+    fn resolve<'a>(&'a self, ids: &[ArrayId], ops: &mut Operands<'a>) -> Result<bool> {
+        ops.clear();
+        if let Ctx::One(s, sh) = self {
+            // The common case: one shard holds every input and its buffer record.
+            for &id in ids {
+                if id.shard != *s {
+                    return Ok(false);
+                }
+                let r: &ArrayRec = sh.rec(id)?;
+                let meta = sh.buffers.get(r.buffer).expect("live array has a buffer");
+                ops.push(Operand {
+                    buf: &meta.buf,
+                    layout: &r.layout,
+                    dtype: r.dtype,
+                    id,
+                    created_at: r.created_at,
+                    buffer_id: r.buffer,
+                    manager: r.manager,
+                });
+            }
+            return Ok(true);
+        }
         for &id in ids {
             let r: &ArrayRec = self.array(id)?;
             if !self.holds(r.buffer.shard) {
-                return Ok((ops, false));
+                return Ok(false);
             }
             let meta = self.buffer(r.buffer);
             ops.push(Operand {
@@ -137,7 +157,7 @@ impl Ctx {
                 manager: r.manager,
             });
         }
-        Ok((ops, true))
+        Ok(true)
     }
 
     pub(crate) fn operand(&self, id: ArrayId) -> Result<Operand<'_>> {
@@ -213,7 +233,8 @@ fn run_op_inner(
         lock_inputs(inputs, me)
     };
     loop {
-        let (ops, all) = ctx.resolve(inputs)?;
+        let mut ops = Operands::new();
+        let all = ctx.resolve(inputs, &mut ops)?;
         if !all {
             // A view of another shard's buffer: lock that shard too.
             drop(ops);
