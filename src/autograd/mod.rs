@@ -361,7 +361,9 @@ fn zero_fill(id: ArrayId) -> Result<()> {
     })
 }
 
-/// Records differentiable ops on this thread while alive; see the [module docs](self).
+/// Records differentiable ops on this thread while alive, for
+/// [`GradientCollector::backward`]. Intermediates the tape needs stay alive past the
+/// close of their scope until `backward` returns or the collector drops.
 ///
 /// Only one collector may be alive per thread. Dropping it (with or without calling
 /// [`GradientCollector::backward`]) releases everything its tape held.
@@ -372,8 +374,8 @@ pub struct GradientCollector {
 impl GradientCollector {
     /// Start recording on this thread, zeroing the gradients of the parameters created
     /// on this thread now and of any other parameter when the tape first records it
-    /// (see the [module docs](self)). Panics if a collector is already alive on this
-    /// thread.
+    /// (so collectors on two threads training their own parameters never interfere).
+    /// Panics if a collector is already alive on this thread.
     #[allow(clippy::new_without_default)]
     #[track_caller]
     pub fn new() -> GradientCollector {

@@ -7,31 +7,34 @@
 //! functions of this module, named for what they do; nothing outside `engine/` sees a
 //! lock or a record.
 //!
-//! * **Shards** ([`shard`]): each thread that uses ndscope owns a shard holding the
-//!   records of the arrays, buffers and scopes it creates and its share of every
-//!   manager. The common case (a thread working on arrays it created, in its own
-//!   scopes) locks only its own shard, so independent threads never contend. Any
-//!   operation that reaches into other shards takes their locks too, in index order,
-//!   and an operation that cannot tell cheaply which shards it touches takes them all.
-//!   A thread's shard outlives it (the next new thread adopts it), so arrays outlive
-//!   their thread.
+//! * **Shards** ([`shard`]): each thread that uses ndscope owns a shard (an `RwLock`)
+//!   holding the records of the arrays, buffers and scopes it creates and its share of
+//!   every manager. The common case (a thread working on arrays it created, in its own
+//!   scopes) locks only its own shard, so independent threads never contend. An
+//!   operation that reaches into other shards asks which ones it touches
+//!   ([`shard::lock_needed`]) and locks exactly those, in index order; an op that only
+//!   reads another thread's arrays takes that shard shared. A thread's shard outlives
+//!   it (the next new thread adopts it), so arrays outlive their thread.
 //! * **Array record** ([`records::ArrayRec`]): buffer id, layout, dtype, owning
 //!   manager and its position in that manager's list (in the shard), scope
 //!   registrations (scope id + position in the scope's list), retain count, tape holds,
 //!   creation site, gradient. Positions make every link and unlink O(1) (swap-remove
 //!   and fix the moved entry), so creating, registering, escaping, unregistering and
 //!   freeing never search.
-//! * **Buffer** ([`records::BufMeta`]): an `Arc<Buffer>` plus the arrays that view it.
-//!   Its bytes are charged to the manager of its first holder; when that holder dies
-//!   the charge passes to the next, so views never double-count and a view outliving
-//!   its base keeps its bytes accounted.
+//! * **Buffer** ([`records::BufMeta`]): an `Arc<Buffer>` plus the arrays of the shard
+//!   that view it. Every array's buffer record is in its own shard: the data's home
+//!   record where it was made, a proxy record in each other shard that views it, so a
+//!   thread slicing another thread's data set works in its own shard. Its bytes are
+//!   charged to one holder; when that holder dies the charge passes to another, so
+//!   views never double-count and a view outliving its base keeps its bytes accounted.
 //! * **Managers** ([`managers`]): the tree (parent, children, name, cap, resources) is
 //!   one global table, touched only by manager operations and by the first array of a
 //!   manager in a shard. Each shard keeps an entry per manager with the arrays it owns
 //!   there and that shard's counters of its subtree; `memory()` sums the shards.
 //! * **Scopes** ([`scopes`]): a scope's record lives in its thread's shard with the
 //!   arrays registered in it. The innermost open scope of each thread is a
-//!   thread-local id.
+//!   thread-local id. A scope closes under its shard's lock; the few arrays whose
+//!   release reaches other shards are released right after, each under its own locks.
 //! * A freed record leaves a tombstone ([`records::Tomb`]) in its shard's graveyard
 //!   ring (the last [`shard::CLOSED_DETAILS_KEPT`] frees of that shard) that makes
 //!   use-after-close errors say what the array was and where and why it was freed.
