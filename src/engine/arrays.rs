@@ -41,6 +41,19 @@ fn capture_backtrace() -> Option<Arc<str>> {
 }
 
 impl Shard {
+    /// Remove the entry at `pos` of manager `mid`'s array list here, fixing the
+    /// position of the entry moved into its place.
+    fn unlink_from_manager(&mut self, mid: MgrId, pos: usize) {
+        let list = &mut self.entry_mut(mid).arrays;
+        list.swap_remove(pos);
+        if let Some(&moved) = list.get(pos) {
+            self.arrays
+                .get_mut(moved)
+                .expect("listed array is live")
+                .mgr_pos = pos as u32;
+        }
+    }
+
     /// Whether freeing `id` (of this shard) touches no other shard: the fast check
     /// before [`Ctx::free_shards`].
     #[inline]
@@ -282,14 +295,7 @@ impl Ctx {
         let charged = meta.charged() == Some(id);
         let bytes = meta.buf.bytes() as isize * charged as isize;
         let sh = self.sh(s);
-        let list = &mut sh.entry_mut(from).arrays;
-        list.swap_remove(pos);
-        if let Some(&moved) = list.get(pos) {
-            sh.arrays
-                .get_mut(moved)
-                .expect("listed array is live")
-                .mgr_pos = pos as u32;
-        }
+        sh.unlink_from_manager(from, pos);
         sh.adjust(from, -1, -(charged as isize), -bytes, 0);
         let list = &mut sh.entry_mut(to).arrays;
         list.push(id);
@@ -332,16 +338,7 @@ impl Ctx {
         };
         // A parameter's gradient lives and dies with it.
         let grad = rec.grad;
-        // Unlink from the manager's list (the record is gone, so fix positions here).
-        let list = &mut sh.entry_mut(rec.manager).arrays;
-        let pos = rec.mgr_pos as usize;
-        list.swap_remove(pos);
-        if let Some(&moved) = list.get(pos) {
-            sh.arrays
-                .get_mut(moved)
-                .expect("listed array is live")
-                .mgr_pos = pos as u32;
-        }
+        sh.unlink_from_manager(rec.manager, rec.mgr_pos as usize);
         for &(sid, pos) in &rec.scopes {
             self.scope_unlink_at(sid, pos as usize);
         }

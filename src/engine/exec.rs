@@ -43,7 +43,21 @@ pub(crate) struct Operand<'a> {
     manager: MgrId,
 }
 
-impl Operand<'_> {
+impl<'a> Operand<'a> {
+    /// The operand of array `id` with record `r` and data `buf`.
+    #[inline]
+    fn of(id: ArrayId, r: &'a ArrayRec, buf: &'a Buffer) -> Operand<'a> {
+        Operand {
+            buf,
+            layout: &r.layout,
+            dtype: r.dtype,
+            id,
+            created_at: r.created_at,
+            buffer_id: r.buffer,
+            manager: r.manager,
+        }
+    }
+
     /// The whole buffer as `T` (index it with `layout`).
     pub(crate) fn data<T: Native>(&self) -> &[T] {
         debug_assert_eq!(std::mem::size_of::<T>(), self.dtype.size_in_bytes());
@@ -129,15 +143,7 @@ impl Ctx {
                 }
                 let r: &ArrayRec = sh.rec(id)?;
                 let meta = sh.buffers.get(r.buffer).expect("live array has a buffer");
-                ops.push(Operand {
-                    buf: &meta.buf,
-                    layout: &r.layout,
-                    dtype: r.dtype,
-                    id,
-                    created_at: r.created_at,
-                    buffer_id: r.buffer,
-                    manager: r.manager,
-                });
+                ops.push(Operand::of(id, r, &meta.buf));
             }
             return Ok(true);
         }
@@ -146,32 +152,14 @@ impl Ctx {
             if !self.holds(r.buffer.shard) {
                 return Ok(false);
             }
-            let meta = self.buffer(r.buffer);
-            ops.push(Operand {
-                buf: &meta.buf,
-                layout: &r.layout,
-                dtype: r.dtype,
-                id,
-                created_at: r.created_at,
-                buffer_id: r.buffer,
-                manager: r.manager,
-            });
+            ops.push(Operand::of(id, r, &self.buffer(r.buffer).buf));
         }
         Ok(true)
     }
 
     pub(crate) fn operand(&self, id: ArrayId) -> Result<Operand<'_>> {
         let r: &ArrayRec = self.array(id)?;
-        let meta = self.buffer(r.buffer);
-        Ok(Operand {
-            buf: &meta.buf,
-            layout: &r.layout,
-            dtype: r.dtype,
-            id,
-            created_at: r.created_at,
-            buffer_id: r.buffer,
-            manager: r.manager,
-        })
+        Ok(Operand::of(id, r, &self.buffer(r.buffer).buf))
     }
 }
 
