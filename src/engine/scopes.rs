@@ -147,11 +147,12 @@ impl Ctx {
             };
             let opened_at = scope.opened_at;
             for id in scope.arrays.drain(..) {
-                let here = self.holds(id.shard) && {
-                    let mut need = Shards::new();
-                    self.free_shards(id, &mut need);
-                    need.iter().all(|&s| self.holds(s))
-                };
+                let here = self.holds(id.shard)
+                    && (self.shr(id.shard).free_is_local(id) || {
+                        let mut need = Shards::new();
+                        self.free_shards(id, &mut need);
+                        need.iter().all(|&s| self.holds(s))
+                    });
                 if here {
                     self.drop_registration(id, c, opened_at, at);
                 } else {
