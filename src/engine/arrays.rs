@@ -152,7 +152,13 @@ impl Ctx {
         at: SourceLocation,
     ) -> Result<ArrayId> {
         let sh = self.sh(s);
-        sh.accepts(mgr)?;
+        let e = sh.entry(mgr)?;
+        if e.capped {
+            return Err(crate::NdError::ManagerCapped {
+                name: super::managers::name_of(mgr),
+            });
+        }
+        let mgr_pos = e.arrays.len() as u32;
         let (buffer, new_bytes) = match data {
             Data::New(buf) => {
                 let bytes = buf.bytes();
@@ -168,7 +174,6 @@ impl Ctx {
             }
             Data::Share(b) => (b, None),
         };
-        let mgr_pos = sh.entry_mut(mgr).arrays.len() as u32;
         let id = sh.arrays.insert(ArrayRec {
             buffer,
             layout,
@@ -191,7 +196,7 @@ impl Ctx {
         }
         // A new buffer's first holder is charged for it; a view adds only an array.
         debug_assert_eq!(buffer.shard, s, "views use a buffer record of their shard");
-        let meta = self.sh(s).buffers.get_mut(buffer).expect("live buffer");
+        let meta = sh.buffers.get_mut(buffer).expect("live buffer");
         meta.holders.push(id);
         if let Some(scope) = CURRENT_SCOPE.with(|c| c.get()) {
             self.register(scope, id);

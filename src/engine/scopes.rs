@@ -15,6 +15,21 @@ pub(crate) fn current_scope() -> Option<ScopeId> {
 impl Ctx {
     /// Register `id` in scope `sid` (no-op if it already is or the scope is closed).
     pub(crate) fn register(&mut self, sid: ScopeId, id: ArrayId) {
+        if sid.shard == id.shard {
+            // The common case (an array made on this thread): one shard.
+            let sh = self.sh(sid.shard);
+            let Some(scope) = sh.scopes.get_mut(sid) else {
+                return;
+            };
+            let r = sh.arrays.get_mut(id).expect("registering a live array");
+            if r.scopes.iter().any(|&(s, _)| s == sid) {
+                return;
+            }
+            r.scopes.push((sid, scope.arrays.len() as u32));
+            r.orphaned = None;
+            scope.arrays.push(id);
+            return;
+        }
         let Some(scope) = self.shr(sid.shard).scopes.get(sid) else {
             return;
         };
