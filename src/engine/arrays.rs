@@ -140,8 +140,9 @@ impl Ctx {
         }
     }
 
-    /// Register a new array in `mgr` (and in this thread's innermost scope). The
-    /// caller holds the current shard, and for a view the buffer's shard.
+    /// Register a new array in `mgr` (and in this thread's innermost scope) in shard
+    /// `s`, which the caller holds exclusively; a view's buffer record (from
+    /// [`Ctx::view_buffer`]) is in `s` too.
     pub(crate) fn insert_array(
         &mut self,
         s: u32,
@@ -152,13 +153,7 @@ impl Ctx {
         at: SourceLocation,
     ) -> Result<ArrayId> {
         let sh = self.sh(s);
-        let e = sh.entry(mgr)?;
-        if e.capped {
-            return Err(crate::NdError::ManagerCapped {
-                name: super::managers::name_of(mgr),
-            });
-        }
-        let mgr_pos = e.arrays.len() as u32;
+        let mgr_pos = sh.accepts(mgr)?.arrays.len() as u32;
         let (buffer, new_bytes) = match data {
             Data::New(buf) => {
                 let bytes = buf.bytes();

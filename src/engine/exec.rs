@@ -130,31 +130,24 @@ pub(crate) enum Output {
 type Operands<'a> = SmallVec<[Operand<'a>; 3]>;
 
 impl Ctx {
-    /// Push the operands of `ids` to `ops` (cleared first), as far as their buffers'
-    /// shards are locked; returns whether all were.
+    /// Push the operands of `ids` to `ops` (their shards are locked; a record's buffer
+    /// record lives in its shard).
     #[inline]
-    fn resolve<'a>(&'a self, ids: &[ArrayId], ops: &mut Operands<'a>) -> Result<bool> {
-        ops.clear();
+    fn resolve<'a>(&'a self, ids: &[ArrayId], ops: &mut Operands<'a>) -> Result<()> {
         if let Ctx::One(s, sh) = self {
-            // The common case: one shard holds every input and its buffer record.
+            // The common case: one shard holds every input.
             for &id in ids {
-                if id.shard != *s {
-                    return Ok(false);
-                }
+                debug_assert_eq!(id.shard, *s);
                 let r: &ArrayRec = sh.rec(id)?;
                 let meta = sh.buffers.get(r.buffer).expect("live array has a buffer");
                 ops.push(Operand::of(id, r, &meta.buf));
             }
-            return Ok(true);
+            return Ok(());
         }
         for &id in ids {
-            let r: &ArrayRec = self.array(id)?;
-            if !self.holds(r.buffer.shard) {
-                return Ok(false);
-            }
-            ops.push(Operand::of(id, r, &self.buffer(r.buffer).buf));
+            ops.push(self.operand(id)?);
         }
-        Ok(true)
+        Ok(())
     }
 
     pub(crate) fn operand(&self, id: ArrayId) -> Result<Operand<'_>> {
@@ -163,11 +156,10 @@ impl Ctx {
     }
 }
 
-/// Lock the shards of these arrays (their buffer records live there too) and
-/// `extra`, exclusively.
-pub(crate) fn lock_arrays(ids: &[ArrayId], extra: &[u32]) -> Ctx {
-    let mut want: SmallVec<[u32; 6]> = ids.iter().map(|i| i.shard).collect();
-    want.extend_from_slice(extra);
+/// Lock the shards of these arrays (their buffer records live there too),
+/// exclusively.
+pub(crate) fn lock_arrays(ids: &[ArrayId]) -> Ctx {
+    let want: SmallVec<[u32; 4]> = ids.iter().map(|i| i.shard).collect();
     Ctx::set(&want)
 }
 
@@ -214,35 +206,26 @@ fn run_op_inner(
 ) -> Result<ArrayId> {
     let me = my_shard();
     // Small work: compute under the locks of the shards involved (only this thread's
-    // when every input and its buffer live there, the common case).
+    // when every input lives there, the common case).
     let mut ctx = if inputs.iter().all(|i| i.shard == me) {
         Ctx::one(me)
     } else {
         lock_inputs(inputs, me)
     };
-    loop {
-        let mut ops = Operands::new();
-        let all = ctx.resolve(inputs, &mut ops)?;
-        if !all {
-            // A view of another shard's buffer: lock that shard too.
-            drop(ops);
-            drop(ctx);
-            ctx = lock_inputs(inputs, me);
-            continue;
-        }
-        let work: usize = ops.iter().map(|o| o.layout.size()).sum();
-        if work >= OUTSIDE_LOCK_WORK {
-            break;
-        }
-        // Resolved above, so `ops[0]` exists; its manager owns the result.
-        let mgr = ops[0].manager;
-        let buffers: SmallVec<[BufId; 3]> = ops.iter().map(|o| o.buffer_id).collect();
-        let out = f(&ops)?;
+    let mut ops = Operands::new();
+    ctx.resolve(inputs, &mut ops)?;
+    let work: usize = ops.iter().map(|o| o.layout.size()).sum();
+    if work >= OUTSIDE_LOCK_WORK {
         drop(ops);
-        return register_output(&mut ctx, me, mgr, out, &buffers, inputs, at);
+        drop(ctx);
+        return run_op_unlocked(me, inputs, at, f);
     }
-    drop(ctx);
-    run_op_unlocked(me, inputs, at, f)
+    // Resolved above, so `ops[0]` exists; its manager owns the result.
+    let mgr = ops[0].manager;
+    let buffers: SmallVec<[BufId; 3]> = ops.iter().map(|o| o.buffer_id).collect();
+    let out = f(&ops)?;
+    drop(ops);
+    register_output(&mut ctx, me, mgr, out, &buffers, inputs, at)
 }
 
 /// The snapshot path: compute with no lock held.

@@ -245,12 +245,14 @@ impl Shard {
     }
 
     /// `ManagerClosed` or `ManagerCapped` unless `mgr` takes new arrays.
+    /// Its entry here otherwise.
     #[inline]
-    pub(crate) fn accepts(&mut self, mgr: MgrId) -> Result<()> {
-        if self.entry(mgr)?.capped {
+    pub(crate) fn accepts(&mut self, mgr: MgrId) -> Result<&mut MgrEntry> {
+        let e = self.entry(mgr)?;
+        if e.capped {
             return Err(NdError::ManagerCapped { name: name_of(mgr) });
         }
-        Ok(())
+        Ok(e)
     }
 
     /// Add deltas to a manager's counters and its ancestors' (in this shard).

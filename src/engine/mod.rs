@@ -120,12 +120,12 @@ pub(crate) fn close_array(id: ArrayId, at: SourceLocation) {
 
 /// Move `id` to manager `to` (`SYSTEM` detaches).
 pub(crate) fn attach(id: ArrayId, to: MgrId) -> Result<()> {
-    lock_arrays(&[id], &[]).attach(id, to)
+    lock_arrays(&[id]).attach(id, to)
 }
 
 /// Move `id` to `to` until `to` closes, then back home.
 pub(crate) fn temp_attach(id: ArrayId, to: MgrId) -> Result<()> {
-    lock_arrays(&[id], &[]).temp_attach(id, to)
+    lock_arrays(&[id]).temp_attach(id, to)
 }
 
 pub(crate) fn retain(id: ArrayId) -> Result<u32> {
@@ -155,7 +155,7 @@ pub(crate) fn is_param(id: ArrayId) -> bool {
 /// Make `grad` the gradient of `id` unless it has one already (then `grad` is freed
 /// and the existing one returned): two threads racing get one gradient.
 pub(crate) fn install_grad(id: ArrayId, grad: ArrayId) -> Result<ArrayId> {
-    let mut ctx = lock_arrays(&[id, grad], &[]);
+    let mut ctx = lock_arrays(&[id, grad]);
     let existing = ctx.array(id)?.grad;
     if let Some(g) = existing {
         ctx.free_array(grad, None, Cause::Explicit);

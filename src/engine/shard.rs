@@ -248,9 +248,7 @@ impl Ctx {
         {
             return Ctx::one(*first);
         }
-        let mut v: SmallVec<[u32; 3]> = shards.iter().copied().collect();
-        v.sort_unstable();
-        v.dedup();
+        let v = lock_order(shards.iter().copied());
         if v.len() == 1 {
             return Ctx::one(v[0]);
         }
@@ -266,10 +264,7 @@ impl Ctx {
         if read.iter().all(|&s| s == write) {
             return Ctx::one(write);
         }
-        let mut v: SmallVec<[u32; 3]> = read.iter().copied().collect();
-        v.push(write);
-        v.sort_unstable();
-        v.dedup();
+        let v = lock_order(read.iter().copied().chain([write]));
         Ctx::Some(
             v.into_iter()
                 .map(|s| {
@@ -286,9 +281,7 @@ impl Ctx {
 
     /// Lock these shards shared (in index order): for reading only.
     pub(crate) fn read_only(read: &[u32]) -> Ctx {
-        let mut v: SmallVec<[u32; 3]> = read.iter().copied().collect();
-        v.sort_unstable();
-        v.dedup();
+        let v = lock_order(read.iter().copied());
         Ctx::Some(
             v.into_iter()
                 .map(|s| (s, Guard::R(shard(s).read())))
@@ -359,6 +352,14 @@ impl Ctx {
             Ctx::All(v) => (0..v.len() as u32).collect(),
         }
     }
+}
+
+/// Shard indices in the one lock order (ascending, no repeats).
+fn lock_order(shards: impl Iterator<Item = u32>) -> SmallVec<[u32; 3]> {
+    let mut v: SmallVec<[u32; 3]> = shards.collect();
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 #[cold]
