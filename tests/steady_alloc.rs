@@ -40,7 +40,12 @@ fn steady_training_loop_does_not_allocate() {
     let allocs = CountingAllocator::thread_allocations() - before;
     let pool_allocs = ndscope::cache_stats().system_allocations - pool_before;
     let later = step(x, y, w).to_scalar::<f32>().unwrap();
-    assert!(later.is_finite() && later <= last.to_scalar::<f32>().unwrap());
+    let last = last.to_scalar::<f32>().unwrap();
+    // Converged after 1,100 steps: the loss may move by a few f32 rounding steps.
+    assert!(
+        later.is_finite() && later <= last * (1.0 + 1e-5),
+        "the loss went up: {last} then {later}"
+    );
     assert_eq!(allocs, 0, "heap allocations in 100 steady steps");
     assert_eq!(pool_allocs, 0, "pool misses in 100 steady steps");
     assert!(ndscope::memory().cached_bytes > 0);
