@@ -6,7 +6,7 @@ use super::NDArray;
 use super::ops::{broadcast_shape, same_dtype};
 use super::reduce::normalize_axis;
 use crate::DType;
-use crate::autograd::{self, Rule};
+use crate::autograd::{self, Backward, BackwardCtx, Grads, Rule};
 use crate::dtype::{Float, Native, dispatch, dispatch_float};
 use crate::engine::layout::{Strides, for_each_row};
 use crate::engine::storage::new_filled;
@@ -14,6 +14,7 @@ use crate::engine::{self, Buffer, Operand, Output, kernels};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use crate::shape::{Dims, Shape};
 use rayon::prelude::*;
+use smallvec::smallvec;
 use std::panic::Location;
 
 /// Element counts above which contiguous softmax rows are split across threads.
@@ -113,7 +114,7 @@ fn softmax_impl(x: NDArray, axis: isize, log: bool, at: SourceLocation) -> Resul
             dtype: a.dtype,
         })
     })?;
-    autograd::record(&[x.id], id, || Rule::Softmax { axis, log });
+    autograd::record_custom(&[x.id], id, || SoftmaxRule { axis, log });
     Ok(NDArray { id })
 }
 
@@ -191,8 +192,55 @@ fn clip_impl(x: NDArray, min: f64, max: f64, at: SourceLocation) -> Result<NDArr
             dtype: a.dtype,
         })
     })?;
-    autograd::record(&[x.id], id, || Rule::Clip { min, max });
+    autograd::record_custom(&[x.id], id, || ClipRule { min, max });
     Ok(NDArray { id })
+}
+
+/// `softmax`/`log_softmax`'s gradient, from the output `y` alone:
+/// softmax `y * (g - sum(g * y))`, log-softmax `g - exp(y) * sum(g)` (sums along `axis`).
+struct SoftmaxRule {
+    axis: isize,
+    log: bool,
+}
+
+impl Backward for SoftmaxRule {
+    fn name(&self) -> &'static str {
+        if self.log { "log_softmax" } else { "softmax" }
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0, true)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let (y, axes) = (cx.output, [self.axis]);
+        Ok(smallvec![Some(if self.log {
+            g.try_sub(y.try_exp()?.try_mul(g.try_sum_axes(&axes, true)?)?)?
+        } else {
+            y.try_mul(g.try_sub(g.try_mul(y)?.try_sum_axes(&axes, true)?)?)?
+        })])
+    }
+}
+
+/// `clip`'s gradient: `g` where `min <= x <= max`, else 0.
+struct ClipRule {
+    min: f64,
+    max: f64,
+}
+
+impl Backward for ClipRule {
+    fn name(&self) -> &'static str {
+        "clip"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (1, false)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let x = cx.inputs[0];
+        let zero = g.try_manager()?.try_zeros([], g.try_dtype()?)?;
+        let below_max = x.try_le(self.max)?.try_where_(g, zero)?;
+        Ok(smallvec![Some(
+            x.try_ge(self.min)?.try_where_(below_max, zero)?
+        )])
+    }
 }
 
 /// `out = cond ? x : y` with broadcasting, into a new contiguous buffer of `shape`.

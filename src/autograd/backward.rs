@@ -5,15 +5,13 @@
 //! `backward` opens). A gradient whose input was broadcast is summed over the broadcast
 //! axes back to the input's shape ([`unbroadcast`]).
 
-use super::{IdMap, Node, ReduceKind, Rule};
+use super::{Grads, IdMap, Node, ReduceKind, Rule};
 use crate::array::{BinOp, UnOp};
 use crate::engine::{self, ArrayId};
 use crate::error::{NdError, Result};
 use crate::shape::Dims;
 use crate::{NDArray, Shape};
 use smallvec::SmallVec;
-
-type Grads = SmallVec<[Option<NDArray>; 3]>;
 
 /// Run backward over `nodes` from `loss`, adding into the parameters' gradients.
 pub(super) fn run(nodes: &[Node], tracked: &super::IdSet, loss: NDArray) -> Result<()> {
@@ -347,17 +345,6 @@ fn input_grads(node: &Node, g: NDArray) -> Result<Grads> {
             z.try_set(index, g)?;
             r[0] = Some(z);
         }
-        Rule::Softmax { axis, log } => {
-            let axes = [*axis];
-            r[0] = Some(if *log {
-                g.try_sub(out.try_exp()?.try_mul(g.try_sum_axes(&axes, true)?)?)?
-            } else {
-                out.try_mul(g.try_sub(g.try_mul(out)?.try_sum_axes(&axes, true)?)?)?
-            });
-        }
-        Rule::Clip { min, max } => {
-            r[0] = Some(masked(x.try_ge(*min)?, masked(x.try_le(*max)?, g)?)?);
-        }
         Rule::Where => {
             let cond = x;
             let zero = zero_like(g)?;
@@ -394,6 +381,24 @@ fn input_grads(node: &Node, g: NDArray) -> Result<Grads> {
             return Ok(r);
         }
         Rule::ToDType => r[0] = Some(g.try_to_dtype(x.try_dtype()?)?),
+        Rule::Custom(b) => {
+            let inputs: SmallVec<[NDArray; 3]> = node.inputs.iter().map(|&id| arr(id)).collect();
+            let cx = super::BackwardCtx {
+                inputs: &inputs,
+                shapes: &node.shapes,
+                output: out,
+                needs: node.needs,
+            };
+            let mut gs = b.backward(&cx, g)?;
+            gs.resize(node.inputs.len(), None);
+            for (i, gi) in gs.iter_mut().enumerate() {
+                match gi.take() {
+                    Some(v) if cx.need(i) => *gi = Some(unbroadcast(v, &node.shapes[i])?),
+                    _ => {}
+                }
+            }
+            return Ok(gs);
+        }
     }
     if !need(0) {
         r[0] = None;

@@ -100,16 +100,72 @@ pub(crate) enum Rule {
     BroadcastTo,
     /// An index view (`get`).
     Get(Box<str>),
-    /// softmax / log_softmax along an axis.
-    Softmax { axis: isize, log: bool },
-    /// clip to `[min, max]`.
-    Clip { min: f64, max: f64 },
     /// `where_(cond, x, y)`: inputs are cond, x, y.
     Where,
     /// concat (`stack == false`) or stack along an axis.
     Concat { axis: isize, stack: bool },
     /// A float-to-float dtype conversion.
     ToDType,
+    /// An op whose rule lives beside the op ([`Backward`]): new ops use this, so an op
+    /// and its gradient are written (and reviewed) in one place.
+    Custom(std::sync::Arc<dyn Backward>),
+}
+
+/// What a [`Backward`] rule sees: the node's inputs (live where [`Backward::saves`]
+/// asked for them), their shapes and dtypes, the output, and which inputs need a
+/// gradient.
+pub(crate) struct BackwardCtx<'a> {
+    pub inputs: &'a [NDArray],
+    #[allow(dead_code)] // for rules that rebuild an input's shape (index ops)
+    pub shapes: &'a [Shape],
+    pub output: NDArray,
+    pub needs: u8,
+}
+
+impl BackwardCtx<'_> {
+    /// Whether input `i` needs a gradient.
+    pub fn need(&self, i: usize) -> bool {
+        self.needs & (1 << i) != 0
+    }
+}
+
+/// The gradient rule of one op, kept beside the op: see [`Rule::Custom`].
+///
+/// `backward` is called with ops unrecorded, inside the scope `backward` opens; it
+/// returns one gradient per input (`None` where [`BackwardCtx::need`] is false or the
+/// input has no gradient), each of its input's shape (or broadcastable to it: the
+/// caller reduces over broadcast axes).
+pub(crate) trait Backward: Send + Sync + 'static {
+    /// The op's name (for `Debug`).
+    fn name(&self) -> &'static str;
+    /// Which inputs (bit mask) and whether the output `backward` reads: the tape holds
+    /// exactly those, so they outlive the scope they were made in.
+    fn saves(&self, n_inputs: usize) -> (u8, bool);
+    /// Further arrays the rule reads (a dropout mask, saved batch statistics): the
+    /// tape holds them too.
+    fn extra(&self) -> SmallVec<[ArrayId; 2]> {
+        SmallVec::new()
+    }
+    /// The inputs' gradients given the output's gradient `g`.
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads>;
+}
+
+/// One optional gradient per input of a node.
+pub(crate) type Grads = SmallVec<[Option<NDArray>; 3]>;
+impl std::fmt::Debug for dyn Backward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Record op `output = f(inputs)` with a [`Backward`] rule built only when recording.
+#[inline]
+pub(crate) fn record_custom<B: Backward>(
+    inputs: &[ArrayId],
+    output: ArrayId,
+    rule: impl FnOnce() -> B,
+) {
+    record(inputs, output, || Rule::Custom(std::sync::Arc::new(rule())));
 }
 
 /// The reductions with a gradient.
@@ -152,8 +208,6 @@ impl Rule {
                 _ => (1, true),
             },
             Rule::Matmul => (all, false),
-            Rule::Softmax { .. } => (0, true),
-            Rule::Clip { .. } => (1, false),
             Rule::Where => (1, false),
             Rule::Reshape
             | Rule::Permute(_)
@@ -161,6 +215,7 @@ impl Rule {
             | Rule::Get(_)
             | Rule::Concat { .. }
             | Rule::ToDType => (0, false),
+            Rule::Custom(b) => b.saves(n_inputs),
         }
     }
 }
@@ -292,6 +347,13 @@ fn record_slow(inputs: &[ArrayId], output: ArrayId, rule: Rule) {
         }
         if out && engine::hold(output).is_ok() {
             held.push(output);
+        }
+        if let Rule::Custom(b) = &rule {
+            for id in b.extra() {
+                if engine::hold(id).is_ok() {
+                    held.push(id);
+                }
+            }
         }
         t.tracked.insert(output);
         t.nodes.push(Node {
