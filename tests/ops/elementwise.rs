@@ -1,0 +1,4 @@
+//! Tests of the elementwise operations.
+
+#[allow(unused_imports)]
+use crate::common::*;

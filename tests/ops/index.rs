@@ -1,0 +1,4 @@
+//! Tests of the index operations.
+
+#[allow(unused_imports)]
+use crate::common::*;

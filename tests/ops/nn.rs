@@ -1,0 +1,4 @@
+//! Tests of the nn operations.
+
+#[allow(unused_imports)]
+use crate::common::*;
