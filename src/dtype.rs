@@ -61,9 +61,10 @@ mod sealed {
 }
 
 /// The machine type an array's bytes hold (`Bool` is held as `u8`). Kernels are
-/// written once over this trait and instantiated per dtype by `dispatch!`.
+/// written once over this trait and instantiated per dtype by `dispatch!`. Buffers
+/// are viewed as slices of it, which the engine's `unsafe trait Plain` guarantees sound.
 pub(crate) trait Native:
-    Copy + Send + Sync + PartialOrd + PartialEq + fmt::Debug + 'static
+    crate::engine::storage::Plain + Copy + Send + Sync + PartialOrd + PartialEq + fmt::Debug + 'static
 {
     const ZERO: Self;
     const ONE: Self;

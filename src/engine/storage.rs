@@ -34,6 +34,28 @@ pub(crate) struct Buffer {
     writer_waiting: AtomicBool,
 }
 
+/// Element types whose bytes a [`Buffer`] may be viewed as: every bit pattern of
+/// `size_of::<Self>()` bytes is a valid value, there is no padding, and the alignment
+/// is at most 64 (a buffer's). [`Buffer::slice`] relies on it, so implementing it is
+/// `unsafe`; the engine implements it for the five machine types and `Native` (the
+/// kernels' element trait) requires it.
+///
+/// # Safety
+/// Implement only for types meeting the three conditions above.
+pub(crate) unsafe trait Plain: Copy + 'static {}
+
+// SAFETY: primitive integers and floats: no padding, every bit pattern valid (NaN
+// payloads included), alignment <= 8.
+unsafe impl Plain for u8 {}
+// SAFETY: as above.
+unsafe impl Plain for i32 {}
+// SAFETY: as above.
+unsafe impl Plain for i64 {}
+// SAFETY: as above.
+unsafe impl Plain for f32 {}
+// SAFETY: as above.
+unsafe impl Plain for f64 {}
+
 // SAFETY: `Buffer` owns its block exclusively (like `Vec<u8>`); shared access is
 // coordinated by the engine: reads of immutable data from several threads are fine, and
 // writes are only made under the lock of the buffer's shard with `outside_readers == 0`.
@@ -101,7 +123,7 @@ impl Buffer {
     pub(crate) unsafe fn slice<T: Native>(&self) -> &[T] {
         debug_assert_eq!(self.ptr.as_ptr() as usize % std::mem::align_of::<T>(), 0);
         // SAFETY: the block is `bytes` long, aligned to 64 (>= align_of T), fully
-        // initialised, and every bit pattern is a valid `T` (T is a primitive number);
+        // initialised, and every bit pattern is a valid `T` (`T: Native: Plain`);
         // the caller guarantees no concurrent writer.
         unsafe {
             std::slice::from_raw_parts(
