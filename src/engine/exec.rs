@@ -96,12 +96,14 @@ pub(crate) struct OperandMut<'a> {
 }
 
 impl OperandMut<'_> {
-    pub(crate) fn data_mut<T: Native>(&mut self) -> &mut [T] {
+    /// The target's data and layout at once (what [`super::kernels::StridedMut`] holds).
+    pub(crate) fn split_mut<T: Native>(&mut self) -> (&mut [T], &Layout) {
         debug_assert_eq!(std::mem::size_of::<T>(), self.dtype.size_in_bytes());
         // SAFETY: built only by `run_inplace`, under the lock of the buffer's shard,
         // after waiting until no outside read of this buffer is in flight; inputs that
-        // share the buffer were copied out first, so this is the only live slice of it.
-        unsafe { self.buf.slice_mut::<T>() }
+        // share the buffer were copied out first, so this is the only live slice of it
+        // (`&mut self` keeps a second one from being taken through this operand).
+        (unsafe { self.buf.slice_mut::<T>() }, &self.layout)
     }
 
     pub(crate) fn desc(&self) -> Box<ArrayDesc> {

@@ -2,6 +2,11 @@
 //! built on [`for_each_row`], whose rows are contiguous for contiguous arrays (so the
 //! inner loops vectorise) and strided otherwise. Inner loops special-case the stride
 //! patterns that matter: 1 (contiguous) and 0 (broadcast).
+//!
+//! A kernel reads [`Strided`] data (a slice plus the [`Layout`] that maps indices into
+//! it) and writes a new buffer or a [`StridedMut`]: it knows nothing of the registry,
+//! so it is tested on plain vectors (the tests at the end of this file). An op's
+//! [`Operand`]s convert into both (`kernels::map_unary(&o[0], f)`).
 
 use super::layout::{Layout, for_each_row};
 use super::storage::{Buffer, new_overwritten};
@@ -10,6 +15,37 @@ use crate::dtype::{Native, dispatch};
 use crate::error::{NdError, Result};
 use crate::shape::{Dims, Shape};
 use rayon::prelude::*;
+
+/// Elements of type `T` in `data`, laid out by `layout`: what a kernel reads.
+#[derive(Clone, Copy)]
+pub(crate) struct Strided<'a, T> {
+    pub data: &'a [T],
+    pub layout: &'a Layout,
+}
+
+impl<'a, T: Native> From<&'a Operand<'_>> for Strided<'a, T> {
+    #[inline]
+    fn from(o: &'a Operand<'_>) -> Self {
+        Strided {
+            data: o.data::<T>(),
+            layout: o.layout,
+        }
+    }
+}
+
+/// Elements of type `T` in `data`, laid out by `layout`: what an in-place kernel writes.
+pub(crate) struct StridedMut<'a, T> {
+    pub data: &'a mut [T],
+    pub layout: &'a Layout,
+}
+
+impl<'a, T: Native> From<&'a mut OperandMut<'_>> for StridedMut<'a, T> {
+    #[inline]
+    fn from(o: &'a mut OperandMut<'_>) -> Self {
+        let (data, layout) = o.split_mut::<T>();
+        StridedMut { data, layout }
+    }
+}
 
 /// Contiguous element counts above which elementwise loops are split across threads.
 const PARALLEL_ELEMS: usize = 1 << 18;
@@ -21,32 +57,29 @@ pub(crate) fn materialize(o: &Operand<'_>) -> Result<(Buffer, Layout)> {
 }
 
 /// The operand's elements in row-major order.
-pub(crate) fn to_vec<T: Native>(o: &Operand<'_>) -> Vec<T> {
-    let data = o.data::<T>();
-    let mut out = Vec::with_capacity(o.layout.size());
-    for_each_row(
-        o.layout.shape.dims(),
-        [&o.layout.strides],
-        [o.layout.offset],
-        |off, n, s| {
-            let (start, step) = (off[0], s[0]);
-            if step == 1 {
-                out.extend_from_slice(&data[start as usize..start as usize + n]);
-            } else {
-                out.extend((0..n as isize).map(|i| data[(start + i * step) as usize]));
-            }
-        },
-    );
+pub(crate) fn to_vec<'a, T: Native>(x: impl Into<Strided<'a, T>>) -> Vec<T> {
+    let Strided { data, layout: l } = x.into();
+    let mut out = Vec::with_capacity(l.size());
+    for_each_row(l.shape.dims(), [&l.strides], [l.offset], |off, n, s| {
+        let (start, step) = (off[0], s[0]);
+        if step == 1 {
+            out.extend_from_slice(&data[start as usize..start as usize + n]);
+        } else {
+            out.extend((0..n as isize).map(|i| data[(start + i * step) as usize]));
+        }
+    });
     out
 }
 
 /// `out[i] = f(x[i])` into a new contiguous buffer.
-pub(crate) fn map_unary<T: Native, U: Native>(
-    o: &Operand<'_>,
+pub(crate) fn map_unary<'a, T: Native, U: Native>(
+    x: impl Into<Strided<'a, T>>,
     f: impl Fn(T) -> U + Sync + Send + Copy,
 ) -> Result<Buffer> {
-    let src = o.data::<T>();
-    let l = o.layout;
+    let Strided {
+        data: src,
+        layout: l,
+    } = x.into();
     let n = l.size();
     new_overwritten::<U>(n, |out| {
         // A zero-size view may carry an offset past the end of its (empty) buffer.
@@ -83,14 +116,22 @@ pub(crate) fn map_unary<T: Native, U: Native>(
 }
 
 /// `out = f(a, b)` with numpy broadcasting into a new contiguous buffer of `shape`.
-pub(crate) fn map_binary<T: Native, U: Native>(
-    a: &Operand<'_>,
-    b: &Operand<'_>,
+pub(crate) fn map_binary<'a, 'b, T: Native, U: Native>(
+    a: impl Into<Strided<'a, T>>,
+    b: impl Into<Strided<'b, T>>,
     shape: &Shape,
     f: impl Fn(T, T) -> U + Sync + Send + Copy,
 ) -> Result<Buffer> {
-    let (da, db) = (a.data::<T>(), b.data::<T>());
-    let (la, lb) = (a.layout, b.layout);
+    let (
+        Strided {
+            data: da,
+            layout: la,
+        },
+        Strided {
+            data: db,
+            layout: lb,
+        },
+    ) = (a.into(), b.into());
     let n = shape.size();
     new_overwritten::<U>(n, |out| {
         // Zero-size views may carry offsets past the end of their (empty) buffers.
@@ -173,16 +214,21 @@ fn binary_row<T: Copy, U>(
 }
 
 /// In place: `t = f(t, b)`, `b` broadcast to `t`'s shape (checked by the caller).
-pub(crate) fn assign_binary<T: Native>(
-    t: &mut OperandMut<'_>,
-    b: &Operand<'_>,
+pub(crate) fn assign_binary<'a, 'b, T: Native>(
+    t: impl Into<StridedMut<'a, T>>,
+    b: impl Into<Strided<'b, T>>,
     f: impl Fn(T, T) -> T + Copy,
 ) {
-    let lt = t.layout.clone();
-    let db = b.data::<T>();
-    let sb = b.layout.broadcast_strides(&lt.shape);
-    let boff = b.layout.offset;
-    let dt = t.data_mut::<T>();
+    let StridedMut {
+        data: dt,
+        layout: lt,
+    } = t.into();
+    let Strided {
+        data: db,
+        layout: lb,
+    } = b.into();
+    let sb = lb.broadcast_strides(&lt.shape);
+    let boff = lb.offset;
     for_each_row(
         lt.shape.dims(),
         [&lt.strides, &sb],
@@ -197,9 +243,14 @@ pub(crate) fn assign_binary<T: Native>(
 }
 
 /// In place: `t = f(t)`.
-pub(crate) fn assign_unary<T: Native>(t: &mut OperandMut<'_>, f: impl Fn(T) -> T + Copy) {
-    let lt = t.layout.clone();
-    let dt = t.data_mut::<T>();
+pub(crate) fn assign_unary<'a, T: Native>(
+    t: impl Into<StridedMut<'a, T>>,
+    f: impl Fn(T) -> T + Copy,
+) {
+    let StridedMut {
+        data: dt,
+        layout: lt,
+    } = t.into();
     for_each_row(
         lt.shape.dims(),
         [&lt.strides],
@@ -234,14 +285,13 @@ pub(crate) type Accs<A> = smallvec::SmallVec<[A; 4]>;
 /// Reduce over `axes` (sorted, unique, in range). Returns one accumulator per output
 /// element (row-major over the kept axes). `row(acc, data, start, len, stride)` folds one
 /// strided row; rows of one output element arrive in row-major order.
-pub(crate) fn reduce<T: Native, A: Copy>(
-    o: &Operand<'_>,
+pub(crate) fn reduce<'a, T: Native, A: Copy>(
+    x: impl Into<Strided<'a, T>>,
     axes: &[usize],
     init: A,
     row: impl Fn(A, &[T], isize, usize, isize) -> A,
 ) -> Accs<A> {
-    let data = o.data::<T>();
-    let l = o.layout;
+    let Strided { data, layout: l } = x.into();
     let nd = l.shape.ndim();
     let (mut kept_dims, mut kept_strides) = (Dims::new(), smallvec::SmallVec::<[isize; 4]>::new());
     let (mut red_dims, mut red_strides) = (Dims::new(), smallvec::SmallVec::<[isize; 4]>::new());
@@ -476,5 +526,103 @@ pub(crate) fn unsupported(op: &'static str, o: &Operand<'_>) -> NdError {
         op,
         dtype: o.dtype,
         array: o.desc(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Kernels on plain vectors: no registry, no manager.
+    use super::*;
+
+    fn layout(shape: &[usize], strides: &[isize], offset: usize) -> Layout {
+        Layout {
+            shape: Shape::from(shape.to_vec()),
+            strides: strides.iter().copied().collect(),
+            offset,
+        }
+    }
+
+    fn read<T: Native>(b: &Buffer) -> Vec<T> {
+        // SAFETY: a fresh buffer no one else holds.
+        unsafe { b.slice::<T>() }.to_vec()
+    }
+
+    #[test]
+    fn unary_over_a_reversed_strided_view() {
+        // [[0 1 2] [3 4 5]] transposed and the columns reversed: [[2 5] [1 4] [0 3]].
+        let data: Vec<f32> = (0..6).map(|v| v as f32).collect();
+        let l = layout(&[3, 2], &[-1, 3], 2);
+        let x = Strided {
+            data: &data,
+            layout: &l,
+        };
+        assert_eq!(to_vec(x), vec![2.0, 5.0, 1.0, 4.0, 0.0, 3.0]);
+        let b = map_unary::<f32, f32>(x, |v| v * 10.0).unwrap();
+        assert_eq!(read::<f32>(&b), vec![20.0, 50.0, 10.0, 40.0, 0.0, 30.0]);
+    }
+
+    #[test]
+    fn binary_broadcasts_a_row_and_a_column() {
+        let (a, b) = (vec![1i64, 2, 3], vec![10i64, 20]);
+        let (la, lb) = (layout(&[1, 3], &[3, 1], 0), layout(&[2, 1], &[1, 1], 0));
+        let shape = Shape::from(vec![2, 3]);
+        let out = map_binary::<i64, i64>(
+            Strided {
+                data: &a,
+                layout: &la,
+            },
+            Strided {
+                data: &b,
+                layout: &lb,
+            },
+            &shape,
+            |x, y| x + y,
+        )
+        .unwrap();
+        assert_eq!(read::<i64>(&out), vec![11, 12, 13, 21, 22, 23]);
+    }
+
+    #[test]
+    fn in_place_writes_only_the_view() {
+        let mut t = vec![0.0f64; 6];
+        let lt = layout(&[3], &[2], 1); // elements 1, 3, 5
+        let src = vec![1.0, 2.0, 3.0];
+        let ls = layout(&[3], &[1], 0);
+        assign_binary::<f64>(
+            StridedMut {
+                data: &mut t,
+                layout: &lt,
+            },
+            Strided {
+                data: &src,
+                layout: &ls,
+            },
+            |a, b| a + b,
+        );
+        assign_unary::<f64>(
+            StridedMut {
+                data: &mut t,
+                layout: &lt,
+            },
+            |a| a * 2.0,
+        );
+        assert_eq!(t, vec![0.0, 2.0, 0.0, 4.0, 0.0, 6.0]);
+    }
+
+    #[test]
+    fn reduce_over_a_non_last_axis() {
+        // [[1 2 3] [4 5 6]] summed over axis 0.
+        let data = vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let l = layout(&[2, 3], &[3, 1], 0);
+        let sums = reduce::<f32, f32>(
+            Strided {
+                data: &data,
+                layout: &l,
+            },
+            &[0],
+            0.0,
+            |acc, d, s, n, st| acc + sum_row(d, s, n, st),
+        );
+        assert_eq!(sums.to_vec(), vec![5.0, 7.0, 9.0]);
     }
 }
