@@ -46,6 +46,9 @@ def main():
     big_b = rng.random(n, dtype=np.float32)
     add16 = median_ns(r, 10, lambda: big_a + big_b) / 1e6
     sum16 = median_ns(r, 20, lambda: big_a.sum()) / 1e6
+    side = 64 if quick else 4096
+    mat = rng.random((side, side), dtype=np.float32)
+    axis_gbps = [4 * side * side / median_ns(r, 20, lambda ax=ax: mat.sum(axis=ax)) for ax in (0, 1)]
     k = 2048
     ma = rng.random((k, k), dtype=np.float32)
     mb = rng.random((k, k), dtype=np.float32)
@@ -66,6 +69,8 @@ def main():
         "matmul2048_ms": round(mm, 2),
         "matmul2048_GFLOPs": round(2 * k**3 / (mm * 1e6), 1),
         "sum16M_ms": round(sum16, 3),
+        "sum_axis0_GBps": round(axis_gbps[0], 1),
+        "sum_axis1_GBps": round(axis_gbps[1], 1),
         "linreg_step_us": round(linreg_us, 3),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }))

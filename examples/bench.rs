@@ -327,6 +327,23 @@ fn main() {
         median_ns(r, 20, op_then_close(|| big_a.sum())) / 1e6
     });
 
+    // A [4096, 4096] matrix summed over its rows (axis 0: the reduced axis is the
+    // outer one) and over its columns (axis 1), in bytes read per second.
+    let side = if quick { 64 } else { 4096 };
+    let sums = run("sum_axis0") || run("sum_axis1");
+    let mat = m.random_uniform(
+        0.0,
+        1.0,
+        if sums { [side, side] } else { [1, 1] },
+        DType::F32,
+    );
+    let axis_gbps = |axis: isize| {
+        let ms = median_ns(r, 20, op_then_close(|| mat.sum_axes(&[axis], false))) / 1e6;
+        (4 * side * side) as f64 / (ms * 1e6)
+    };
+    let sum_axis0_gbps = maybe("sum_axis0", &mut || axis_gbps(0));
+    let sum_axis1_gbps = maybe("sum_axis1", &mut || axis_gbps(1));
+
     let k = match (run("matmul2048"), quick) {
         (false, _) => 1,
         (true, true) => 64,
@@ -362,6 +379,20 @@ fn main() {
             "us",
         ),
         ("add16M_ms", "add 16M f32", add16m_ms, 3, "ms"),
+        (
+            "sum_axis0_GBps",
+            "sum [4096,4096] over axis 0",
+            sum_axis0_gbps,
+            1,
+            "GB/s",
+        ),
+        (
+            "sum_axis1_GBps",
+            "sum [4096,4096] over axis 1",
+            sum_axis1_gbps,
+            1,
+            "GB/s",
+        ),
         (
             "add16M_GBps",
             "add 16M f32, bandwidth",

@@ -162,43 +162,43 @@ fn reduction(
         }
         let (buf, dtype) = match op {
             Red::Sum => dispatch!(dtype, T => {
-                let v = kernels::reduce::<T, T>(a, &axes, T::ZERO, |acc, d, s, n, st| {
+                let v = fold::<T, T>(a, &axes, T::ZERO, |acc, d, s, n, st| {
                     acc.add(kernels::sum_row(d, s, n, st))
-                });
+                }, |acc, x| acc.add(x));
                 (to_buffer(&v)?, dtype)
             }),
             Red::Prod => dispatch!(dtype, T => {
-                let v = kernels::reduce::<T, T>(a, &axes, T::ONE, |acc, d, s, n, st| {
+                let v = fold::<T, T>(a, &axes, T::ONE, |acc, d, s, n, st| {
                     acc.mul(fold_row(d, s, n, st, T::ONE, |p, q| p.mul(q)))
-                });
+                }, |acc, x| acc.mul(x));
                 (to_buffer(&v)?, dtype)
             }),
             Red::Max => dispatch!(dtype, T => {
-                let v = kernels::reduce::<T, T>(a, &axes, T::LOWEST, |acc, d, s, n, st| {
+                let v = fold::<T, T>(a, &axes, T::LOWEST, |acc, d, s, n, st| {
                     acc.max_of(fold_row(d, s, n, st, T::LOWEST, |p, q| p.max_of(q)))
-                });
+                }, |acc, x| acc.max_of(x));
                 (to_buffer(&v)?, dtype)
             }),
             Red::Min => dispatch!(dtype, T => {
-                let v = kernels::reduce::<T, T>(a, &axes, T::HIGHEST, |acc, d, s, n, st| {
+                let v = fold::<T, T>(a, &axes, T::HIGHEST, |acc, d, s, n, st| {
                     acc.min_of(fold_row(d, s, n, st, T::HIGHEST, |p, q| p.min_of(q)))
-                });
+                }, |acc, x| acc.min_of(x));
                 (to_buffer(&v)?, dtype)
             }),
             Red::Mean if dtype.is_float() => dispatch!(dtype, T => {
                 let inv = T::from_f64(count as f64);
-                let v: kernels::Accs<T> = kernels::reduce::<T, T>(a, &axes, T::ZERO, |acc, d, s, n, st| {
+                let v: kernels::Accs<T> = fold::<T, T>(a, &axes, T::ZERO, |acc, d, s, n, st| {
                     acc.add(kernels::sum_row(d, s, n, st))
-                })
+                }, |acc, x| acc.add(x))
                 .into_iter()
                 .map(|s| s.div(inv))
                 .collect();
                 (to_buffer(&v)?, dtype)
             }),
             Red::Mean => dispatch!(dtype, T => {
-                let v: kernels::Accs<f64> = kernels::reduce::<T, f64>(a, &axes, 0.0, |acc, d, s, n, st| {
+                let v: kernels::Accs<f64> = fold::<T, f64>(a, &axes, 0.0, |acc, d, s, n, st| {
                     acc + sum_row_f64(d, s, n, st)
-                })
+                }, |acc, x| acc + x.to_f64())
                 .into_iter()
                 .map(|s| s / count as f64)
                 .collect();
@@ -412,6 +412,24 @@ impl NDArray {
     #[track_caller]
     pub fn try_argmin_axis(self, axis: isize, keep_dims: bool) -> Result<NDArray> {
         arg_reduction(self, false, Some(axis), keep_dims, Location::caller())
+    }
+}
+
+/// Reduce `a` over `axes`: `row` folds one strided lane into an output's accumulator,
+/// or, when the reduced axes are outer to a kept contiguous one
+/// ([`kernels::prefers_outer`], e.g. `sum_axes(&[0])` of a row-major matrix), `elem`
+/// folds single elements while the input streams by in memory order.
+fn fold<T: Native, A: Copy>(
+    a: &Operand<'_>,
+    axes: &[usize],
+    init: A,
+    row: impl Fn(A, &[T], isize, usize, isize) -> A,
+    elem: impl Fn(A, T) -> A,
+) -> kernels::Accs<A> {
+    if kernels::prefers_outer(a.layout, axes) {
+        kernels::Accs::from_vec(kernels::reduce_outer::<T, A>(a, axes, init, elem))
+    } else {
+        kernels::reduce::<T, A>(a, axes, init, row)
     }
 }
 

@@ -324,6 +324,71 @@ pub(crate) fn reduce<'a, T: Native, A: Copy>(
     out
 }
 
+/// Whether reducing `axes` of `l` should stream the input in memory order
+/// ([`reduce_outer`]) rather than fold one strided lane per output ([`reduce`]): the
+/// input's innermost axis (stride ±1) is kept and a reduced axis is longer than 1. So
+/// `sum_axes(&[0])` of a row-major matrix adds whole rows into the accumulators
+/// (numpy's order) instead of walking columns a cache line per element.
+pub(crate) fn prefers_outer(l: &Layout, axes: &[usize]) -> bool {
+    let dims = l.shape.dims();
+    let Some(inner) = (0..dims.len()).rev().find(|&d| dims[d] > 1) else {
+        return false;
+    };
+    l.strides[inner].abs() == 1 && !axes.contains(&inner) && axes.iter().any(|&a| dims[a] > 1)
+}
+
+/// Reduce over `axes` (sorted, unique, in range) visiting the input once in memory
+/// order: one accumulator per output element (row-major over the kept axes, as
+/// [`reduce`] returns them), `elem(acc, x)` folds one element. Each output receives its
+/// elements in the order of its reduced indices, so sums add row by row as numpy does.
+pub(crate) fn reduce_outer<'a, T: Native, A: Copy>(
+    x: impl Into<Strided<'a, T>>,
+    axes: &[usize],
+    init: A,
+    elem: impl Fn(A, T) -> A,
+) -> Vec<A> {
+    let Strided { data, layout: l } = x.into();
+    let nd = l.shape.ndim();
+    // Visit the reduced axes outermost, then the kept ones; the output's strides are 0
+    // along reduced axes and row-major along kept ones.
+    let kept: Dims = (0..nd).filter(|d| !axes.contains(d)).collect();
+    let mut out_stride_of = smallvec::SmallVec::<[isize; 4]>::from_elem(0, nd);
+    let mut n_out = 1usize;
+    for &d in kept.iter().rev() {
+        out_stride_of[d] = n_out as isize;
+        n_out *= l.shape.0[d];
+    }
+    let order: Dims = axes.iter().copied().chain(kept.iter().copied()).collect();
+    let dims: Dims = order.iter().map(|&d| l.shape.0[d]).collect();
+    let in_strides: smallvec::SmallVec<[isize; 4]> = order.iter().map(|&d| l.strides[d]).collect();
+    let out_strides: smallvec::SmallVec<[isize; 4]> =
+        order.iter().map(|&d| out_stride_of[d]).collect();
+    let mut acc = vec![init; n_out];
+    if l.size() == 0 {
+        return acc;
+    }
+    for_each_row(
+        &dims,
+        [&out_strides, &in_strides],
+        [0, l.offset],
+        |off, len, s| {
+            let (o0, i0) = (off[0] as usize, off[1]);
+            if s[0] == 1 && s[1] == 1 {
+                let src = &data[i0 as usize..i0 as usize + len];
+                for (a, &v) in acc[o0..o0 + len].iter_mut().zip(src) {
+                    *a = elem(*a, v);
+                }
+            } else {
+                for i in 0..len as isize {
+                    let o = (off[0] + i * s[0]) as usize;
+                    acc[o] = elem(acc[o], data[(i0 + i * s[1]) as usize]);
+                }
+            }
+        },
+    );
+    acc
+}
+
 /// Sum of a strided row with 8 independent accumulators (vectorises; more accurate than
 /// one running sum) and pairwise combination of blocks.
 #[inline]
@@ -624,5 +689,52 @@ mod tests {
             |acc, d, s, n, st| acc + sum_row(d, s, n, st),
         );
         assert_eq!(sums.to_vec(), vec![5.0, 7.0, 9.0]);
+    }
+
+    #[test]
+    fn outer_reduction_matches_lane_reduction() {
+        // [2, 3, 4] reduced over every non-empty set of axes, contiguous and transposed.
+        let data: Vec<f64> = (0..24).map(|v| (v * 7 % 11) as f64).collect();
+        let layouts = [
+            layout(&[2, 3, 4], &[12, 4, 1], 0),
+            layout(&[4, 3, 2], &[1, 4, 12], 0),
+            layout(&[2, 3, 4], &[12, 4, -1], 3),
+        ];
+        for l in &layouts {
+            for axes in [
+                &[0usize][..],
+                &[1],
+                &[2],
+                &[0, 1],
+                &[0, 2],
+                &[1, 2],
+                &[0, 1, 2],
+            ] {
+                let x = Strided {
+                    data: &data,
+                    layout: l,
+                };
+                let lanes =
+                    reduce::<f64, f64>(x, axes, 0.0, |acc, d, s, n, st| acc + sum_row(d, s, n, st));
+                let outer = reduce_outer::<f64, f64>(x, axes, 0.0, |acc, v| acc + v);
+                assert_eq!(
+                    lanes.to_vec(),
+                    outer,
+                    "axes {axes:?} strides {:?}",
+                    l.strides
+                );
+                let maxes = reduce::<f64, f64>(x, axes, f64::MIN, |acc, d, s, n, st| {
+                    (0..n as isize).fold(acc, |a, i| a.max(d[(s + i * st) as usize]))
+                });
+                assert_eq!(
+                    maxes.to_vec(),
+                    reduce_outer::<f64, f64>(x, axes, f64::MIN, f64::max)
+                );
+            }
+        }
+        let rows = layout(&[2, 3, 4], &[12, 4, 1], 0);
+        assert!(prefers_outer(&rows, &[0]));
+        assert!(!prefers_outer(&rows, &[2]));
+        assert!(!prefers_outer(&layouts[1], &[0]));
     }
 }
