@@ -811,6 +811,8 @@ fn repeat_values() {
     );
     gradcheck(&[&[3, 4]], -1.0, 1.0, |xs| xs[0].repeat(3, 0));
     gradcheck(&[&[3, 4]], -1.0, 1.0, |xs| xs[0].transpose().repeat(2, -1));
+    // Zero repeats: an empty result, a zero gradient.
+    gradcheck(&[&[2, 3]], -1.0, 1.0, |xs| xs[0].repeat(0, 0).sum() + xs[0]);
     m.close();
 }
 
@@ -854,6 +856,9 @@ fn tile_values() {
     gradcheck(&[&[2, 3]], -1.0, 1.0, |xs| xs[0].tile(&[2, 2]));
     gradcheck(&[&[3]], -1.0, 1.0, |xs| xs[0].tile(&[2, 1, 2]));
     gradcheck(&[&[3, 2]], -1.0, 1.0, |xs| xs[0].transpose().tile(&[3]));
+    gradcheck(&[&[2, 3]], -1.0, 1.0, |xs| {
+        xs[0].tile(&[0, 1]).sum() + xs[0]
+    });
     m.close();
 }
 
