@@ -476,4 +476,80 @@ impl NDManager {
             id: engine::create(self.id, buf, shape, dtype, at)?,
         })
     }
+
+    /// A random permutation of `0..n` as a 1-D I64 array (numpy's
+    /// `random.permutation(n)`, PyTorch's `randperm`), for shuffling a data set.
+    /// Reproducible under [`random::seed`].
+    ///
+    /// ```
+    /// use ndscope::{NDManager, random};
+    /// let m = NDManager::new();
+    /// random::seed(3);
+    /// let p = m.random_permutation(5).to_vec::<i64>()?;
+    /// let mut sorted = p.clone();
+    /// sorted.sort();
+    /// assert_eq!(sorted, vec![0, 1, 2, 3, 4]);
+    /// random::seed(3);
+    /// assert_eq!(m.random_permutation(5).to_vec::<i64>()?, p);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn random_permutation(&self, n: usize) -> NDArray {
+        unwrap(self.try_random_permutation(n))
+    }
+
+    /// [`NDManager::random_permutation`], or an error (`InvalidShape` for an `n` whose
+    /// array would not fit in memory, `ManagerClosed`/`ManagerCapped`).
+    #[track_caller]
+    pub fn try_random_permutation(&self, n: usize) -> Result<NDArray> {
+        let at = Location::caller();
+        let shape = Shape::from([n]);
+        check_shape("random_permutation", &shape, DType::I64)?;
+        engine::check_manager(self.id)?;
+        let values = random::permutation(n)?;
+        let buf = new_filled::<i64>(n, |out| out.copy_from_slice(&values))?;
+        Ok(NDArray {
+            id: engine::create(self.id, buf, shape, DType::I64, at)?,
+        })
+    }
+
+    /// A Bool array of `shape` whose elements are independently true with probability
+    /// `p` (PyTorch's `bernoulli`). Reproducible under [`random::seed`].
+    ///
+    /// ```
+    /// use ndscope::NDManager;
+    /// let m = NDManager::new();
+    /// let b = m.random_bernoulli(1.0, [2, 2]);
+    /// assert_eq!(b.to_vec::<bool>()?, vec![true; 4]);
+    /// assert_eq!(m.random_bernoulli(0.0, [3]).to_vec::<bool>()?, vec![false; 3]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn random_bernoulli(&self, p: f64, shape: impl Into<Shape>) -> NDArray {
+        unwrap(self.try_random_bernoulli(p, shape))
+    }
+
+    /// [`NDManager::random_bernoulli`], or an error (`InvalidArgument` for a `p` outside
+    /// `[0, 1]` or NaN, `InvalidShape`, `ManagerClosed`/`ManagerCapped`).
+    #[track_caller]
+    pub fn try_random_bernoulli(&self, p: f64, shape: impl Into<Shape>) -> Result<NDArray> {
+        self.bernoulli_at("random_bernoulli", p, shape.into(), Location::caller())
+    }
+
+    /// A Bool Bernoulli(`p`) array created at `at` (`op` names the caller in errors).
+    pub(crate) fn bernoulli_at(
+        &self,
+        op: &'static str,
+        p: f64,
+        shape: Shape,
+        at: SourceLocation,
+    ) -> Result<NDArray> {
+        let n = check_shape(op, &shape, DType::Bool)?;
+        let bits = random::bernoulli(op, p, n)?;
+        engine::check_manager(self.id)?;
+        let buf = new_filled::<u8>(n, |out| out.copy_from_slice(&bits))?;
+        Ok(NDArray {
+            id: engine::create(self.id, buf, shape, DType::Bool, at)?,
+        })
+    }
 }

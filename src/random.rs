@@ -1,4 +1,6 @@
-//! The random number generator behind `random_*` creation functions.
+//! The random number generator behind `random_*` creation functions
+//! (`random_normal`, `random_uniform`, `random_integer`, `random_permutation`,
+//! `random_bernoulli`) and [`NDArray::dropout`](crate::NDArray::dropout)'s masks.
 //!
 //! One process-wide generator (xoshiro256++ via `rand::rngs::SmallRng`). Call
 //! [`seed`] to make a run reproducible; without it the generator is seeded from the
@@ -84,5 +86,33 @@ pub(crate) fn integers(low: i64, high: i64, n: usize) -> Result<Vec<i64>> {
     }
     let mut v = samples(n)?;
     with_rng(|r| v.extend((0..n).map(|_| r.random_range(low..high))));
+    Ok(v)
+}
+
+/// `0..n` in a uniformly random order (Fisher-Yates).
+pub(crate) fn permutation(n: usize) -> Result<Vec<i64>> {
+    let mut v: Vec<i64> = samples(n)?;
+    v.extend(0..n as i64);
+    with_rng(|r| {
+        for i in (1..n).rev() {
+            let j = r.random_range(0..=i);
+            v.swap(i, j);
+        }
+    });
+    Ok(v)
+}
+
+/// `n` Bernoulli(`p`) draws as bytes (1 with probability `p`); `op` names the caller in
+/// the error for a `p` outside `[0, 1]`.
+pub(crate) fn bernoulli(op: &'static str, p: f64, n: usize) -> Result<Vec<u8>> {
+    if !(0.0..=1.0).contains(&p) {
+        return Err(NdError::invalid(
+            op,
+            format!("probability {p} is not in [0, 1]"),
+        ));
+    }
+    let mut v = samples(n)?;
+    // `random::<f64>()` is in [0, 1): p = 0 never fires, p = 1 always does.
+    with_rng(|r| v.extend((0..n).map(|_| (r.random::<f64>() < p) as u8)));
     Ok(v)
 }

@@ -7,6 +7,8 @@
 //! closed or released explicitly (see the crate docs for the rules).
 
 mod display;
+mod dropout;
+mod gather;
 mod index;
 mod linalg;
 mod nn;

@@ -1,0 +1,1041 @@
+//! Indexing with index arrays and masks: `index_select`, `gather`, `scatter_add`,
+//! `take`, `boolean_mask` and `masked_fill`.
+//!
+//! Index arrays may have any integer dtype (I32, I64, U8); float and Bool index arrays
+//! are `UnsupportedDType`. **Negative indices are errors**, not counted from the end as
+//! numpy and PyTorch do: an index of `-1` is far more often a bug (an uninitialised
+//! label, a padding id) than a request for the last row, and a silent wrap hides it.
+//! An index outside `0..size` is an `Index` error naming the index, its position in
+//! the index array and the bound.
+//!
+//! The kernels are plain functions over slices and a [`Layout`]; the ops validate
+//! everything before allocating, so a failing `try_*` creates nothing.
+
+use super::NDArray;
+use super::ops::same_dtype;
+use super::shape_ops::normalize_axis;
+use crate::DType;
+use crate::autograd::{self, Backward, BackwardCtx, Grads};
+use crate::dtype::{Native, dispatch};
+use crate::engine::layout::for_each_row;
+use crate::engine::storage::{new_filled, new_overwritten};
+use crate::engine::{self, Layout, Operand, Output, kernels};
+use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::shape::{Dims, Shape};
+use smallvec::smallvec;
+use std::panic::Location;
+
+// ---------------------------------------------------------------- kernels
+
+/// Call `f(offset)` for every element of the sub-array with `dims`/`strides` starting
+/// at `base`, in row-major order (once for a 0-d sub-array, never if a dim is 0).
+pub(crate) fn for_each_offset(
+    dims: &[usize],
+    strides: &[isize],
+    base: isize,
+    mut f: impl FnMut(isize),
+) {
+    for_each_row(dims, [strides], [0], |off, len, s| {
+        for i in 0..len as isize {
+            f(base + off[0] + i * s[0]);
+        }
+    });
+}
+
+/// Copy the sub-array with `dims`/`strides` starting at `start` into `out` in row-major
+/// order (`out.len()` is its size).
+pub(crate) fn copy_block<T: Copy>(
+    src: &[T],
+    dims: &[usize],
+    strides: &[isize],
+    start: isize,
+    out: &mut [T],
+) {
+    let mut w = 0;
+    for_each_row(dims, [strides], [0], |off, len, s| {
+        let o = start + off[0];
+        if s[0] == 1 {
+            out[w..w + len].copy_from_slice(&src[o as usize..o as usize + len]);
+        } else {
+            for (i, d) in out[w..w + len].iter_mut().enumerate() {
+                *d = src[(o + i as isize * s[0]) as usize];
+            }
+        }
+        w += len;
+    });
+}
+
+/// Check that every index lies in `0..bound`: the valid indices as `usize`, or the
+/// position and value of the first bad one.
+pub(crate) fn checked_indices(
+    idx: &[i64],
+    bound: usize,
+) -> std::result::Result<Vec<usize>, (usize, i64)> {
+    idx.iter()
+        .enumerate()
+        .map(|(p, &v)| {
+            if v < 0 || v as u64 >= bound as u64 {
+                Err((p, v))
+            } else {
+                Ok(v as usize)
+            }
+        })
+        .collect()
+}
+
+/// `index_select`: the input viewed as `[outer, n, inner]` around `axis`; `out` (size
+/// `outer * idx.len() * inner`, row-major) gets `src[o, idx[j], i]` at `(o, j, i)`.
+pub(crate) fn index_select_kernel<T: Copy>(
+    src: &[T],
+    l: &Layout,
+    axis: usize,
+    idx: &[usize],
+    out: &mut [T],
+) {
+    if out.is_empty() {
+        return;
+    }
+    let dims = l.shape.dims();
+    let (inner_d, inner_s) = (&dims[axis + 1..], &l.strides[axis + 1..]);
+    let inner: usize = inner_d.iter().product();
+    let sa = l.strides[axis];
+    let mut w = 0;
+    for_each_offset(
+        &dims[..axis],
+        &l.strides[..axis],
+        l.offset as isize,
+        |base| {
+            for &j in idx {
+                copy_block(
+                    src,
+                    inner_d,
+                    inner_s,
+                    base + j as isize * sa,
+                    &mut out[w..w + inner],
+                );
+                w += inner;
+            }
+        },
+    );
+}
+
+/// The reverse of [`index_select_kernel`]: `out` (contiguous, `out_dims`) gets
+/// `src[o, j, i]` added at `(o, idx[j], i)`; `src` is row-major
+/// `[outer, idx.len(), inner]`.
+pub(crate) fn index_add_kernel<T: Native>(
+    out: &mut [T],
+    out_dims: &[usize],
+    axis: usize,
+    idx: &[usize],
+    src: &[T],
+) {
+    let outer: usize = out_dims[..axis].iter().product();
+    let n = out_dims[axis];
+    let inner: usize = out_dims[axis + 1..].iter().product();
+    if inner == 0 {
+        return;
+    }
+    for o in 0..outer {
+        for (j, &k) in idx.iter().enumerate() {
+            let s = &src[(o * idx.len() + j) * inner..][..inner];
+            let d = &mut out[(o * n + k) * inner..][..inner];
+            for (d, &s) in d.iter_mut().zip(s) {
+                *d = d.add(s);
+            }
+        }
+    }
+}
+
+/// `gather`: for every position `p` of the index array (shape `idx_dims`, values `idx`
+/// in row-major order), `out[p] = src[p with p[axis] = idx[p]]`.
+pub(crate) fn gather_kernel<T: Copy>(
+    src: &[T],
+    l: &Layout,
+    axis: usize,
+    idx_dims: &[usize],
+    idx: &[usize],
+    out: &mut [T],
+) {
+    if out.is_empty() {
+        return;
+    }
+    let mut strides = l.strides.clone();
+    let sa = strides[axis];
+    strides[axis] = 0;
+    let mut p = 0;
+    for_each_offset(idx_dims, &strides, l.offset as isize, |o| {
+        out[p] = src[(o + idx[p] as isize * sa) as usize];
+        p += 1;
+    });
+}
+
+/// `scatter_add`: for every position `p` of the index array, `out[p with p[axis] =
+/// idx[p]] += src[p]`; `out` is contiguous with `out_dims`, `src` has layout `sl`.
+pub(crate) fn scatter_add_kernel<T: Native>(
+    out: &mut [T],
+    out_dims: &[usize],
+    axis: usize,
+    idx_dims: &[usize],
+    idx: &[usize],
+    src: &[T],
+    sl: &Layout,
+) {
+    if idx.is_empty() {
+        return;
+    }
+    let mut os = Shape(Dims::from_slice(out_dims)).contiguous_strides();
+    let osa = os[axis];
+    os[axis] = 0;
+    let mut p = 0;
+    for_each_row(
+        idx_dims,
+        [&os, &sl.strides],
+        [0, sl.offset],
+        |off, len, s| {
+            for i in 0..len as isize {
+                let d = (off[0] + i * s[0] + idx[p] as isize * osa) as usize;
+                out[d] = out[d].add(src[(off[1] + i * s[1]) as usize]);
+                p += 1;
+            }
+        },
+    );
+}
+
+/// `take`: `out[k] = src[flat index idx[k]]` (row-major flat indices into `l`).
+pub(crate) fn take_kernel<T: Copy>(src: &[T], l: &Layout, idx: &[usize], out: &mut [T]) {
+    if l.is_contiguous() {
+        for (o, &i) in out.iter_mut().zip(idx) {
+            *o = src[l.offset + i];
+        }
+        return;
+    }
+    let dims = l.shape.dims();
+    for (o, &i) in out.iter_mut().zip(idx) {
+        let (mut rem, mut at) = (i, l.offset as isize);
+        for d in (0..dims.len()).rev() {
+            at += (rem % dims[d]) as isize * l.strides[d];
+            rem /= dims[d];
+        }
+        *o = src[at as usize];
+    }
+}
+
+/// `boolean_mask`: the rows of `src` (viewed as `[prod(dims[..k]), inner]`, `k =
+/// mask_ndim`) where `mask` (row-major over the leading `k` dims) is set, in order.
+pub(crate) fn boolean_mask_kernel<T: Copy>(
+    src: &[T],
+    l: &Layout,
+    mask_ndim: usize,
+    mask: &[bool],
+    out: &mut [T],
+) {
+    if out.is_empty() {
+        return;
+    }
+    let dims = l.shape.dims();
+    let (inner_d, inner_s) = (&dims[mask_ndim..], &l.strides[mask_ndim..]);
+    let inner: usize = inner_d.iter().product();
+    let (mut p, mut w) = (0, 0);
+    let (lead_d, lead_s) = (&dims[..mask_ndim], &l.strides[..mask_ndim]);
+    for_each_offset(lead_d, lead_s, l.offset as isize, |base| {
+        if mask[p] {
+            copy_block(src, inner_d, inner_s, base, &mut out[w..w + inner]);
+            w += inner;
+        }
+        p += 1;
+    });
+}
+
+/// `masked_fill`: `out` (contiguous, `l`'s shape) is `src` with `value` where `mask`
+/// (Bool bytes with layout `ml`, broadcastable to `l`'s shape) is set.
+pub(crate) fn masked_fill_kernel<T: Copy>(
+    src: &[T],
+    l: &Layout,
+    mask: &[u8],
+    ml: &Layout,
+    value: T,
+    out: &mut [T],
+) {
+    if out.is_empty() {
+        return;
+    }
+    let os = l.shape.contiguous_strides();
+    let ms = ml.broadcast_strides(&l.shape);
+    for_each_row(
+        l.shape.dims(),
+        [&os, &l.strides, &ms],
+        [0, l.offset, ml.offset],
+        |off, len, s| {
+            for i in 0..len as isize {
+                let m = mask[(off[2] + i * s[2]) as usize] != 0;
+                out[(off[0] + i * s[0]) as usize] = if m {
+                    value
+                } else {
+                    src[(off[1] + i * s[1]) as usize]
+                };
+            }
+        },
+    );
+}
+
+// ---------------------------------------------------------------- validation
+
+/// The values of an integer index operand in row-major order; float and Bool index
+/// arrays are `UnsupportedDType`.
+fn index_values(op: &'static str, ix: &Operand<'_>) -> Result<Vec<i64>> {
+    match ix.dtype {
+        DType::F32 | DType::F64 | DType::Bool => Err(kernels::unsupported(op, ix)),
+        _ => Ok(dispatch!(ix.dtype, T => kernels::to_vec::<T>(ix)
+            .into_iter()
+            .map(Native::to_i64)
+            .collect())),
+    }
+}
+
+/// Indices of `ix`, each checked to lie in `0..bound` (`what` names the bound in the
+/// message, e.g. "axis 1 with size 3"), or an `Index` error about `x`.
+fn valid_indices(
+    op: &'static str,
+    x: &Operand<'_>,
+    ix: &Operand<'_>,
+    bound: usize,
+    what: &str,
+) -> Result<Vec<usize>> {
+    let raw = index_values(op, ix)?;
+    checked_indices(&raw, bound).map_err(|(p, v)| NdError::Index {
+        op,
+        msg: format!(
+            "index {v} (position {p} of the index array) is out of bounds for {what} \
+             with size {bound}{}",
+            if v < 0 {
+                " (negative indices are not counted from the end)"
+            } else {
+                ""
+            }
+        ),
+        array: x.desc(),
+    })
+}
+
+fn checked_shape(op: &'static str, dims: Dims) -> Result<(Shape, usize)> {
+    let shape = Shape(dims);
+    let n = shape
+        .checked_size()
+        .ok_or_else(|| NdError::shape(op, format!("the result shape {shape} is too large")))?;
+    Ok((shape, n))
+}
+
+/// A 0-d zero of `g`'s dtype in `g`'s manager.
+fn zero_of(g: NDArray) -> Result<NDArray> {
+    g.try_manager()?.try_zeros([], g.try_dtype()?)
+}
+
+fn axis_of(axis: isize, ndim: usize) -> usize {
+    if axis < 0 {
+        (axis + ndim as isize) as usize
+    } else {
+        axis as usize
+    }
+}
+
+// ---------------------------------------------------------------- ops
+
+fn index_select_impl(
+    x: NDArray,
+    axis: isize,
+    indices: NDArray,
+    at: SourceLocation,
+) -> Result<NDArray> {
+    const OP: &str = "index_select";
+    let id = engine::run_op(OP, &[x.id, indices.id], at, |o| {
+        let (a, ix) = (&o[0], &o[1]);
+        let dims = a.shape().dims();
+        let ax = normalize_axis(OP, axis, dims.len(), a)?;
+        let idx = valid_indices(OP, a, ix, dims[ax], &format!("axis {ax}"))?;
+        let mut out = Dims::from_slice(&dims[..ax]);
+        out.extend_from_slice(ix.shape().dims());
+        out.extend_from_slice(&dims[ax + 1..]);
+        let (shape, n) = checked_shape(OP, out)?;
+        let buf = dispatch!(a.dtype, T => new_overwritten::<T>(n, |out| {
+            index_select_kernel(a.data::<T>(), a.layout, ax, &idx, out)
+        }))?;
+        Ok(Output::New {
+            buf,
+            shape,
+            dtype: a.dtype,
+        })
+    })?;
+    autograd::record_custom(&[x.id, indices.id], id, || IndexSelectRule { axis });
+    Ok(NDArray { id })
+}
+
+/// `zeros(shape)` with `src` (row-major `[outer, indices.size(), inner]` around
+/// `axis`) added at `indices` along `axis`: the gradient of `index_select`, `take`
+/// and `boolean_mask`. Owned by `src`'s manager; not recorded.
+pub(crate) fn index_add(
+    shape: Shape,
+    axis: usize,
+    indices: NDArray,
+    src: NDArray,
+    at: SourceLocation,
+) -> Result<NDArray> {
+    const OP: &str = "index_add";
+    let id = engine::run_op(OP, &[src.id, indices.id], at, |o| {
+        let (s, ix) = (&o[0], &o[1]);
+        let dims = shape.dims();
+        let idx = valid_indices(OP, s, ix, dims[axis], &format!("axis {axis}"))?;
+        let outer: usize = dims[..axis].iter().product();
+        let inner: usize = dims[axis + 1..].iter().product();
+        if s.layout.size() != outer * idx.len() * inner || s.dtype == DType::Bool {
+            return Err(NdError::shape(
+                OP,
+                format!(
+                    "cannot add {} at {} indices into {shape}",
+                    s.desc(),
+                    idx.len()
+                ),
+            ));
+        }
+        let buf = dispatch!(s.dtype, T => {
+            let rows = kernels::to_vec::<T>(s);
+            new_filled::<T>(shape.size(), |out| index_add_kernel(out, dims, axis, &idx, &rows))
+        })?;
+        Ok(Output::New {
+            buf,
+            shape: shape.clone(),
+            dtype: s.dtype,
+        })
+    })?;
+    Ok(NDArray { id })
+}
+
+/// `index_select`'s gradient: `g` added back at the selected positions.
+struct IndexSelectRule {
+    axis: isize,
+}
+
+impl Backward for IndexSelectRule {
+    fn name(&self) -> &'static str {
+        "index_select"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0b10, false)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let xs = &cx.shapes[0];
+        let ax = axis_of(self.axis, xs.ndim());
+        let gx = index_add(xs.clone(), ax, cx.inputs[1], g, Location::caller())?;
+        Ok(smallvec![Some(gx), None])
+    }
+}
+
+/// Check `gather`/`scatter_add` shapes: the index has the input's number of dims and
+/// is no larger than `limit` along every axis but `ax` (and than `src` along all).
+fn check_index_shape(
+    op: &'static str,
+    a: &Operand<'_>,
+    ix: &Operand<'_>,
+    ax: usize,
+    src: Option<&Operand<'_>>,
+) -> Result<()> {
+    let (ad, id) = (a.shape().dims(), ix.shape().dims());
+    let nd = ad.len();
+    if id.len() != nd || src.is_some_and(|s| s.shape().ndim() != nd) {
+        return Err(NdError::shape(
+            op,
+            format!(
+                "the index array {} must have as many dims as the input {}{}",
+                ix.shape(),
+                a.shape(),
+                src.map_or(String::new(), |s| format!(" and the source {}", s.shape()))
+            ),
+        ));
+    }
+    for d in 0..nd {
+        if d != ax && id[d] > ad[d] {
+            return Err(NdError::shape(
+                op,
+                format!(
+                    "the index array {} is larger than the input {} along axis {d}",
+                    ix.shape(),
+                    a.shape()
+                ),
+            ));
+        }
+        if let Some(s) = src
+            && id[d] > s.shape().dims()[d]
+        {
+            return Err(NdError::shape(
+                op,
+                format!(
+                    "the index array {} is larger than the source {} along axis {d}",
+                    ix.shape(),
+                    s.shape()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn gather_impl(x: NDArray, axis: isize, indices: NDArray, at: SourceLocation) -> Result<NDArray> {
+    const OP: &str = "gather";
+    let id = engine::run_op(OP, &[x.id, indices.id], at, |o| {
+        let (a, ix) = (&o[0], &o[1]);
+        let dims = a.shape().dims();
+        let ax = normalize_axis(OP, axis, dims.len(), a)?;
+        check_index_shape(OP, a, ix, ax, None)?;
+        let idx = valid_indices(OP, a, ix, dims[ax], &format!("axis {ax}"))?;
+        let shape = ix.shape().clone();
+        let buf = dispatch!(a.dtype, T => new_overwritten::<T>(idx.len(), |out| {
+            gather_kernel(a.data::<T>(), a.layout, ax, shape.dims(), &idx, out)
+        }))?;
+        Ok(Output::New {
+            buf,
+            shape,
+            dtype: a.dtype,
+        })
+    })?;
+    autograd::record_custom(&[x.id, indices.id], id, || GatherRule { axis });
+    Ok(NDArray { id })
+}
+
+/// `gather`'s gradient: `g` scatter-added into zeros of the input's shape.
+struct GatherRule {
+    axis: isize,
+}
+
+impl Backward for GatherRule {
+    fn name(&self) -> &'static str {
+        "gather"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0b10, false)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let z = g
+            .try_manager()?
+            .try_zeros(cx.shapes[0].clone(), g.try_dtype()?)?;
+        Ok(smallvec![
+            Some(z.try_scatter_add(self.axis, cx.inputs[1], g)?),
+            None
+        ])
+    }
+}
+
+fn scatter_add_impl(
+    x: NDArray,
+    axis: isize,
+    indices: NDArray,
+    src: NDArray,
+    at: SourceLocation,
+) -> Result<NDArray> {
+    const OP: &str = "scatter_add";
+    let id = engine::run_op(OP, &[x.id, indices.id, src.id], at, |o| {
+        let (a, ix, s) = (&o[0], &o[1], &o[2]);
+        same_dtype(OP, a, s)?;
+        if a.dtype == DType::Bool {
+            return Err(kernels::unsupported(OP, a));
+        }
+        let dims = a.shape().dims();
+        let ax = normalize_axis(OP, axis, dims.len(), a)?;
+        check_index_shape(OP, a, ix, ax, Some(s))?;
+        let idx = valid_indices(OP, a, ix, dims[ax], &format!("axis {ax}"))?;
+        let buf = dispatch!(a.dtype, T => {
+            let base = kernels::to_vec::<T>(a);
+            new_overwritten::<T>(base.len(), |out| {
+                out.copy_from_slice(&base);
+                scatter_add_kernel(out, dims, ax, ix.shape().dims(), &idx, s.data::<T>(), s.layout)
+            })
+        })?;
+        Ok(Output::New {
+            buf,
+            shape: a.shape().clone(),
+            dtype: a.dtype,
+        })
+    })?;
+    autograd::record_custom(&[x.id, indices.id, src.id], id, || ScatterAddRule { axis });
+    Ok(NDArray { id })
+}
+
+/// `scatter_add`'s gradient: the input gets `g`, the source `gather(g)` (zero where
+/// the index array does not reach).
+struct ScatterAddRule {
+    axis: isize,
+}
+
+impl Backward for ScatterAddRule {
+    fn name(&self) -> &'static str {
+        "scatter_add"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0b010, false)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let gx = cx.need(0).then_some(g);
+        let gs = if cx.need(2) {
+            let ix = cx.inputs[1];
+            let part = g.try_gather(self.axis, ix)?;
+            let (is, ss) = (ix.try_shape()?, &cx.shapes[2]);
+            Some(if is == *ss {
+                part
+            } else {
+                let widths: Vec<(usize, usize)> = ss
+                    .dims()
+                    .iter()
+                    .zip(is.dims())
+                    .map(|(&s, &i)| (0, s - i))
+                    .collect();
+                part.try_pad(&widths, 0.0)?
+            })
+        } else {
+            None
+        };
+        Ok(smallvec![gx, None, gs])
+    }
+}
+
+fn take_impl(x: NDArray, indices: NDArray, at: SourceLocation) -> Result<NDArray> {
+    const OP: &str = "take";
+    let id = engine::run_op(OP, &[x.id, indices.id], at, |o| {
+        let (a, ix) = (&o[0], &o[1]);
+        let idx = valid_indices(OP, a, ix, a.layout.size(), "the flattened input")?;
+        let buf = dispatch!(a.dtype, T => new_overwritten::<T>(idx.len(), |out| {
+            take_kernel(a.data::<T>(), a.layout, &idx, out)
+        }))?;
+        Ok(Output::New {
+            buf,
+            shape: ix.shape().clone(),
+            dtype: a.dtype,
+        })
+    })?;
+    autograd::record_custom(&[x.id, indices.id], id, || TakeRule);
+    Ok(NDArray { id })
+}
+
+/// `take`'s gradient: `g` added back at the flat indices.
+struct TakeRule;
+
+impl Backward for TakeRule {
+    fn name(&self) -> &'static str {
+        "take"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0b10, false)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let xs = &cx.shapes[0];
+        let flat = index_add(
+            Shape::from([xs.size()]),
+            0,
+            cx.inputs[1],
+            g,
+            Location::caller(),
+        )?;
+        Ok(smallvec![Some(flat.try_reshape(xs.clone())?), None])
+    }
+}
+
+fn boolean_mask_impl(x: NDArray, mask: NDArray, at: SourceLocation) -> Result<NDArray> {
+    const OP: &str = "boolean_mask";
+    let id = engine::run_op(OP, &[x.id, mask.id], at, |o| {
+        let (a, m) = (&o[0], &o[1]);
+        if m.dtype != DType::Bool {
+            return Err(kernels::unsupported(OP, m));
+        }
+        let (ad, md) = (a.shape().dims(), m.shape().dims());
+        if md.is_empty() || md.len() > ad.len() || ad[..md.len()] != *md {
+            return Err(NdError::shape(
+                OP,
+                format!(
+                    "the mask's shape {} must equal the input's shape {} or a leading part \
+                     of it (at least one dim)",
+                    m.shape(),
+                    a.shape()
+                ),
+            ));
+        }
+        let bits: Vec<bool> = kernels::to_vec::<u8>(m)
+            .into_iter()
+            .map(|b| b != 0)
+            .collect();
+        let count = bits.iter().filter(|&&b| b).count();
+        let mut dims: Dims = smallvec![count];
+        dims.extend_from_slice(&ad[md.len()..]);
+        let (shape, n) = checked_shape(OP, dims)?;
+        let buf = dispatch!(a.dtype, T => new_overwritten::<T>(n, |out| {
+            boolean_mask_kernel(a.data::<T>(), a.layout, md.len(), &bits, out)
+        }))?;
+        Ok(Output::New {
+            buf,
+            shape,
+            dtype: a.dtype,
+        })
+    })?;
+    autograd::record_custom(&[x.id, mask.id], id, || BooleanMaskRule);
+    Ok(NDArray { id })
+}
+
+/// `boolean_mask`'s gradient: the rows of `g` put back where the mask is set, zeros
+/// elsewhere.
+struct BooleanMaskRule;
+
+impl Backward for BooleanMaskRule {
+    fn name(&self) -> &'static str {
+        "boolean_mask"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0b10, false)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let (xs, mask) = (&cx.shapes[0], cx.inputs[1]);
+        let k = mask.try_shape()?.ndim();
+        let rows: Vec<i64> = mask
+            .to_vec::<bool>()?
+            .into_iter()
+            .enumerate()
+            .filter_map(|(p, b)| b.then_some(p as i64))
+            .collect();
+        let positions = g.try_manager()?.try_create(&rows, [rows.len()])?;
+        let mut dims: Dims = smallvec![xs.dims()[..k].iter().product()];
+        dims.extend_from_slice(&xs.dims()[k..]);
+        let gx = index_add(Shape(dims), 0, positions, g, Location::caller())?;
+        Ok(smallvec![Some(gx.try_reshape(xs.clone())?), None])
+    }
+}
+
+/// `value` as a `T` of `dtype` (Bool stores `value != 0`), or `InvalidArgument` for a
+/// non-finite value into an integer array.
+pub(crate) fn fill_value<T: Native>(op: &'static str, value: f64, dtype: DType) -> Result<T> {
+    if dtype == DType::Bool {
+        return Ok(T::from_i64((value != 0.0) as i64));
+    }
+    if !dtype.is_float() && !value.is_finite() {
+        return Err(NdError::invalid(
+            op,
+            format!("cannot store {value} in a {dtype} array"),
+        ));
+    }
+    Ok(T::from_f64(value))
+}
+
+fn masked_fill_impl(x: NDArray, mask: NDArray, value: f64, at: SourceLocation) -> Result<NDArray> {
+    const OP: &str = "masked_fill";
+    let id = engine::run_op(OP, &[x.id, mask.id], at, |o| {
+        let (a, m) = (&o[0], &o[1]);
+        if m.dtype != DType::Bool {
+            return Err(kernels::unsupported(OP, m));
+        }
+        if Shape::broadcast(m.shape(), a.shape()).as_ref() != Some(a.shape()) {
+            return Err(NdError::ShapeMismatch {
+                op: OP,
+                lhs: a.desc(),
+                rhs: m.desc(),
+            });
+        }
+        let buf = dispatch!(a.dtype, T => {
+            let v: T = fill_value(OP, value, a.dtype)?;
+            new_overwritten::<T>(a.layout.size(), |out| {
+                masked_fill_kernel(a.data::<T>(), a.layout, m.data::<u8>(), m.layout, v, out)
+            })?
+        });
+        Ok(Output::New {
+            buf,
+            shape: a.shape().clone(),
+            dtype: a.dtype,
+        })
+    })?;
+    autograd::record_custom(&[x.id, mask.id], id, || MaskedFillRule);
+    Ok(NDArray { id })
+}
+
+/// `masked_fill`'s gradient: `g` where the mask is not set.
+struct MaskedFillRule;
+
+impl Backward for MaskedFillRule {
+    fn name(&self) -> &'static str {
+        "masked_fill"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0b10, false)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        Ok(smallvec![
+            Some(cx.inputs[1].try_where_(zero_of(g)?, g)?),
+            None
+        ])
+    }
+}
+
+impl NDArray {
+    /// The slices of `self` at `indices` along `axis` (negative counts from the end),
+    /// in the order given, repeats allowed: numpy's `take(x, indices, axis)`, PyTorch's
+    /// `index_select` for a 1-D index. The result's shape is `self`'s with `axis`
+    /// replaced by the index array's shape (so a 2-D index into a `[V, D]` table gives
+    /// `[B, T, D]`, an embedding lookup; a 0-d index removes the axis, as numpy; PyTorch
+    /// only takes 1-D indices). Every dtype; indices of any integer dtype, each in
+    /// `0..size` (negative indices are errors, not counted from the end).
+    /// Differentiable: the gradient adds `g` back at the indices. Panics on error.
+    ///
+    /// ```
+    /// use ndscope::NDManager;
+    /// let m = NDManager::new();
+    /// let x = m.create(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [3, 2]);
+    /// let i = m.create(&[2i64, 0, 2], [3]);
+    /// assert_eq!(x.index_select(0, i).to_vec::<f32>()?, vec![5.0, 6.0, 1.0, 2.0, 5.0, 6.0]);
+    /// assert_eq!(x.index_select(-1, m.create(&[1i32], [1])).to_vec::<f32>()?, vec![2.0, 4.0, 6.0]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn index_select(self, axis: isize, indices: NDArray) -> NDArray {
+        unwrap(index_select_impl(self, axis, indices, Location::caller()))
+    }
+
+    /// [`NDArray::index_select`]. Errors: `Index` (an index is negative or `>=` the
+    /// axis size: the message names it, its position and the bound), `UnsupportedDType`
+    /// (float or Bool indices), `AxisOutOfRange`, `Closed`.
+    #[track_caller]
+    pub fn try_index_select(self, axis: isize, indices: NDArray) -> Result<NDArray> {
+        index_select_impl(self, axis, indices, Location::caller())
+    }
+
+    /// PyTorch's `gather`: `out[i][j][k] = self[indices[i][j][k]][j][k]` for `axis ==
+    /// 0` (the index replaces the position along `axis`). `indices` has as many dims as
+    /// `self` and is no larger along the other axes; the result has its shape. Every
+    /// dtype; indices of any integer dtype in `0..self.shape[axis]` (negative ones are
+    /// errors). Differentiable: the gradient scatter-adds `g` into zeros. Panics on
+    /// error.
+    ///
+    /// ```
+    /// use ndscope::NDManager;
+    /// let m = NDManager::new();
+    /// let x = m.create(&[1, 2, 3, 4], [2, 2]);
+    /// let i = m.create(&[0i64, 0, 1, 0], [2, 2]);
+    /// assert_eq!(x.gather(1, i).to_vec::<i32>()?, vec![1, 1, 4, 3]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn gather(self, axis: isize, indices: NDArray) -> NDArray {
+        unwrap(gather_impl(self, axis, indices, Location::caller()))
+    }
+
+    /// [`NDArray::gather`]. Errors: `Index` (an index out of range), `InvalidShape`
+    /// (the index has another number of dims, or is larger off `axis`),
+    /// `UnsupportedDType` (float or Bool indices), `AxisOutOfRange`, `Closed`.
+    #[track_caller]
+    pub fn try_gather(self, axis: isize, indices: NDArray) -> Result<NDArray> {
+        gather_impl(self, axis, indices, Location::caller())
+    }
+
+    /// PyTorch's `scatter_add` (out of place): a new array equal to `self` with
+    /// `src[i][j][k]` added at `[indices[i][j][k]][j][k]` for `axis == 0`; repeated
+    /// indices accumulate. `indices`, `src` and `self` have the same number of dims,
+    /// `indices` is no larger than `src` along any axis and than `self` off `axis`
+    /// (only its extent is read from `src`). `src` has `self`'s dtype (not Bool).
+    /// Differentiable: `self` gets `g`, `src` gets `g.gather(axis, indices)`. Panics on
+    /// error.
+    ///
+    /// ```
+    /// use ndscope::{DType, NDManager};
+    /// let m = NDManager::new();
+    /// let x = m.zeros([3], DType::F32);
+    /// let i = m.create(&[0i64, 2, 0], [3]);
+    /// let s = m.create(&[1.0f32, 2.0, 3.0], [3]);
+    /// assert_eq!(x.scatter_add(0, i, s).to_vec::<f32>()?, vec![4.0, 0.0, 2.0]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn scatter_add(self, axis: isize, indices: NDArray, src: NDArray) -> NDArray {
+        unwrap(scatter_add_impl(
+            self,
+            axis,
+            indices,
+            src,
+            Location::caller(),
+        ))
+    }
+
+    /// [`NDArray::scatter_add`]. Errors: `Index`, `InvalidShape` (see above),
+    /// `DTypeMismatch` (`src`), `UnsupportedDType` (Bool values, float or Bool indices),
+    /// `AxisOutOfRange`, `Closed`.
+    #[track_caller]
+    pub fn try_scatter_add(self, axis: isize, indices: NDArray, src: NDArray) -> Result<NDArray> {
+        scatter_add_impl(self, axis, indices, src, Location::caller())
+    }
+
+    /// The elements at flat (row-major) `indices` of `self`, in an array of the index
+    /// array's shape (numpy's `take` without an axis). Every dtype; indices of any
+    /// integer dtype in `0..self.size()` (negative ones are errors). Differentiable.
+    /// Panics on error.
+    ///
+    /// ```
+    /// use ndscope::NDManager;
+    /// let m = NDManager::new();
+    /// let x = m.create(&[10, 20, 30, 40], [2, 2]);
+    /// let t = x.take(m.create(&[3i32, 0, 0, 2], [2, 2]));
+    /// assert_eq!(t.shape().dims(), &[2, 2]);
+    /// assert_eq!(t.to_vec::<i32>()?, vec![40, 10, 10, 30]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn take(self, indices: NDArray) -> NDArray {
+        unwrap(take_impl(self, indices, Location::caller()))
+    }
+
+    /// [`NDArray::take`]. Errors: `Index` (an index out of range), `UnsupportedDType`
+    /// (float or Bool indices), `Closed`.
+    #[track_caller]
+    pub fn try_take(self, indices: NDArray) -> Result<NDArray> {
+        take_impl(self, indices, Location::caller())
+    }
+
+    /// The elements (or rows) of `self` where the Bool `mask` is true, in row-major
+    /// order (DJL's `booleanMask`, numpy's `x[mask]`). A mask of `self`'s shape gives
+    /// a 1-D result; a mask of a leading part of the shape (`[N]` for `[N, D]`)
+    /// selects whole rows: the result is `[count, D]`. Differentiable: the gradient is
+    /// `g` put back where the mask is set. Panics on error.
+    ///
+    /// ```
+    /// use ndscope::NDManager;
+    /// let m = NDManager::new();
+    /// let x = m.create(&[1.0f32, -2.0, 3.0, -4.0], [2, 2]);
+    /// assert_eq!(x.boolean_mask(x.gt(0.0)).to_vec::<f32>()?, vec![1.0, 3.0]);
+    /// let rows = x.boolean_mask(m.create(&[false, true], [2]));
+    /// assert_eq!(rows.shape().dims(), &[1, 2]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn boolean_mask(self, mask: NDArray) -> NDArray {
+        unwrap(boolean_mask_impl(self, mask, Location::caller()))
+    }
+
+    /// [`NDArray::boolean_mask`]. Errors: `UnsupportedDType` (mask not Bool),
+    /// `InvalidShape` (the mask's shape is not `self`'s or a leading part of it, or is
+    /// 0-d), `Closed`.
+    #[track_caller]
+    pub fn try_boolean_mask(self, mask: NDArray) -> Result<NDArray> {
+        boolean_mask_impl(self, mask, Location::caller())
+    }
+
+    /// A new array equal to `self` with `value` where the Bool `mask` (broadcast to
+    /// `self`'s shape; it may not enlarge it) is true (PyTorch's `masked_fill`). The
+    /// value is converted to `self`'s dtype (integers truncate toward zero; Bool stores
+    /// `value != 0`). Differentiable in `self`: the gradient is `g` where the mask is
+    /// false. Panics on error.
+    ///
+    /// ```
+    /// use ndscope::NDManager;
+    /// let m = NDManager::new();
+    /// let x = m.create(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+    /// let mask = m.create(&[true, false], [2]);            // broadcast over the rows
+    /// assert_eq!(x.masked_fill(mask, -1.0).to_vec::<f32>()?, vec![-1.0, 2.0, -1.0, 4.0]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn masked_fill(self, mask: NDArray, value: f64) -> NDArray {
+        unwrap(masked_fill_impl(self, mask, value, Location::caller()))
+    }
+
+    /// [`NDArray::masked_fill`]. Errors: `UnsupportedDType` (mask not Bool),
+    /// `ShapeMismatch` (the mask does not broadcast to `self`'s shape),
+    /// `InvalidArgument` (a NaN or infinite value for an integer array), `Closed`.
+    #[track_caller]
+    pub fn try_masked_fill(self, mask: NDArray, value: f64) -> Result<NDArray> {
+        masked_fill_impl(self, mask, value, Location::caller())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::layout::Strides;
+
+    fn layout(shape: &[usize], strides: &[isize], offset: usize) -> Layout {
+        Layout {
+            shape: Shape::from(shape),
+            strides: Strides::from_slice(strides),
+            offset,
+        }
+    }
+
+    #[test]
+    fn index_select_rows_and_columns() {
+        let src: Vec<i32> = (0..6).collect(); // [[0,1,2],[3,4,5]]
+        let l = Layout::contiguous(Shape::from([2, 3]));
+        let mut out = vec![0; 9];
+        index_select_kernel(&src, &l, 0, &[1, 0, 1], &mut out);
+        assert_eq!(out, vec![3, 4, 5, 0, 1, 2, 3, 4, 5]);
+        let mut out = vec![0; 4];
+        index_select_kernel(&src, &l, 1, &[2, 0], &mut out);
+        assert_eq!(out, vec![2, 0, 5, 3]);
+        // The transpose [3, 2] (strides [1, 3]).
+        let t = layout(&[3, 2], &[1, 3], 0);
+        let mut out = vec![0; 2];
+        index_select_kernel(&src, &t, 0, &[2], &mut out);
+        assert_eq!(out, vec![2, 5]);
+    }
+
+    #[test]
+    fn index_add_reverses_index_select() {
+        let mut out = vec![0i64; 6];
+        index_add_kernel(&mut out, &[3, 2], 0, &[2, 0, 2], &[1, 2, 3, 4, 5, 6]);
+        assert_eq!(out, vec![3, 4, 0, 0, 6, 8]);
+    }
+
+    #[test]
+    fn gather_and_scatter_add() {
+        let src: Vec<f64> = (0..6).map(f64::from).collect(); // [[0,1,2],[3,4,5]]
+        let l = Layout::contiguous(Shape::from([2, 3]));
+        let mut out = vec![0.0; 4];
+        gather_kernel(&src, &l, 1, &[2, 2], &[2, 0, 1, 1], &mut out);
+        assert_eq!(out, vec![2.0, 0.0, 4.0, 4.0]);
+        let mut out = vec![0.0; 3];
+        gather_kernel(&src, &l, 0, &[1, 3], &[1, 0, 1], &mut out);
+        assert_eq!(out, vec![3.0, 1.0, 5.0]);
+        let mut acc = vec![0.0; 6];
+        let s = Layout::contiguous(Shape::from([2, 2]));
+        scatter_add_kernel(
+            &mut acc,
+            &[2, 3],
+            1,
+            &[2, 2],
+            &[2, 2, 0, 1],
+            &[1.0, 2.0, 3.0, 4.0],
+            &s,
+        );
+        assert_eq!(acc, vec![0.0, 0.0, 3.0, 3.0, 4.0, 0.0]);
+    }
+
+    #[test]
+    fn take_on_strided_views() {
+        let src: Vec<u8> = (0..6).collect();
+        let t = layout(&[3, 2], &[1, 3], 0); // transpose of [[0,1,2],[3,4,5]]
+        let mut out = vec![0u8; 3];
+        take_kernel(&src, &t, &[1, 4, 5], &mut out);
+        assert_eq!(out, vec![3, 2, 5]);
+        let rev = layout(&[3], &[-2], 4); // [4, 2, 0]
+        take_kernel(&src, &rev, &[0, 2, 1], &mut out);
+        assert_eq!(out, vec![4, 0, 2]);
+    }
+
+    #[test]
+    fn masks() {
+        let src: Vec<i32> = (0..6).collect();
+        let l = Layout::contiguous(Shape::from([3, 2]));
+        let mut out = vec![0; 4];
+        boolean_mask_kernel(&src, &l, 1, &[true, false, true], &mut out);
+        assert_eq!(out, vec![0, 1, 4, 5]);
+        let mut out = vec![0; 6];
+        let m = layout(&[2], &[1], 0);
+        masked_fill_kernel(&src, &l, &[0, 1], &m, -1, &mut out);
+        assert_eq!(out, vec![0, -1, 2, -1, 4, -1]);
+    }
+
+    #[test]
+    fn bad_indices_name_position_and_value() {
+        assert_eq!(checked_indices(&[0, 2, 3], 3), Err((2, 3)));
+        assert_eq!(checked_indices(&[-1], 3), Err((0, -1)));
+        assert_eq!(checked_indices(&[0, 2], 3), Ok(vec![0, 2]));
+        assert_eq!(checked_indices(&[], 0), Ok(vec![]));
+    }
+}
