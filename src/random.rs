@@ -2,9 +2,12 @@
 //! (`random_normal`, `random_uniform`, `random_integer`, `random_permutation`,
 //! `random_bernoulli`) and [`NDArray::dropout`](crate::NDArray::dropout)'s masks.
 //!
-//! One process-wide generator (xoshiro256++ via `rand::rngs::SmallRng`). Call
-//! [`seed`] to make a run reproducible; without it the generator is seeded from the
-//! clock and process id.
+//! One generator per thread (xoshiro256++ via `rand::rngs::SmallRng`), so threads
+//! that draw (a dropout mask per step) never contend, and a thread's draws depend only
+//! on its own seed. Call [`seed`] on a thread to make its draws reproducible; a thread
+//! that never calls it is seeded from the clock, the process id and a per-thread
+//! counter. (PyTorch's `manual_seed` is process-wide; per-thread is what lets two
+//! threads train reproducibly at once.)
 //!
 //! ```
 //! use ndscope::{DType, NDManager, random};
@@ -18,28 +21,39 @@
 //! ```
 
 use crate::error::{NdError, Result};
-use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-static RNG: Mutex<Option<SmallRng>> = Mutex::new(None);
+thread_local! {
+    static RNG: RefCell<Option<SmallRng>> = const { RefCell::new(None) };
+}
 
-/// Reseed the process-wide generator.
+/// Threads seeded from the clock so far (so two threads starting at once differ).
+static UNSEEDED: AtomicU64 = AtomicU64::new(0);
+
+/// Reseed the calling thread's generator.
 pub fn seed(seed: u64) {
-    *RNG.lock() = Some(SmallRng::seed_from_u64(seed));
+    RNG.with(|r| *r.borrow_mut() = Some(SmallRng::seed_from_u64(seed)));
 }
 
 fn with_rng<R>(f: impl FnOnce(&mut SmallRng) -> R) -> R {
-    let mut g = RNG.lock();
-    let rng = g.get_or_insert_with(|| {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        SmallRng::seed_from_u64(t ^ ((std::process::id() as u64) << 32))
-    });
-    f(rng)
+    RNG.with(|g| {
+        let mut g = g.borrow_mut();
+        let rng = g.get_or_insert_with(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            let n = UNSEEDED.fetch_add(1, Ordering::Relaxed);
+            SmallRng::seed_from_u64(
+                t ^ ((std::process::id() as u64) << 32) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            )
+        });
+        f(rng)
+    })
 }
 
 /// Room for `n` samples, or `OutOfMemory` (never an allocation abort).

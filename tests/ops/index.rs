@@ -13,7 +13,6 @@
 use crate::common::*;
 use crate::fails;
 use ndscope::{DType, GradientCollector, NDArray, NDManager, NDScope, NdError, random};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
 
 const VALUE_DTYPES: [DType; 6] = [
@@ -82,20 +81,6 @@ fn same_panic<T: std::fmt::Debug>(
     let err = f().unwrap_err().to_string();
     assert_eq!(expect_panic(g), err);
     err
-}
-
-/// Run `f` up to 3 times until it passes: for checks that reseed the process-wide
-/// generator, which another module of this test binary may draw from in between.
-fn retried(f: impl Fn()) {
-    for attempt in 0..3 {
-        let r = catch_unwind(AssertUnwindSafe(&f));
-        if r.is_ok() {
-            return;
-        }
-        if attempt == 2 {
-            std::panic::resume_unwind(r.unwrap_err());
-        }
-    }
 }
 
 // ------------------------------------------------------------------ index_select
@@ -1125,7 +1110,7 @@ fn random_permutation_is_a_reproducible_permutation() {
         v.sort();
         assert_eq!(v, (0..n as i64).collect::<Vec<_>>());
     }
-    retried(|| {
+    {
         random::seed(42);
         let a = m.random_permutation(50).to_vec::<i64>().unwrap();
         random::seed(42);
@@ -1135,7 +1120,7 @@ fn random_permutation_is_a_reproducible_permutation() {
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, (0..50).collect::<Vec<_>>());
-    });
+    }
     let capped = m.new_sub_manager();
     capped.cap();
     assert!(matches!(
@@ -1166,13 +1151,13 @@ fn random_bernoulli_frequency_and_seed() {
         vec![true; 50]
     );
     assert_eq!(m.random_bernoulli(0.5, [0, 3]).shape().dims(), &[0, 3]);
-    retried(|| {
+    {
         random::seed(9);
         let a = m.random_bernoulli(0.5, [64]).to_vec::<bool>().unwrap();
         random::seed(9);
         let b = m.random_bernoulli(0.5, [64]).to_vec::<bool>().unwrap();
         assert_eq!(a, b);
-    });
+    }
     fails!(
         m,
         m.try_random_bernoulli(1.5, [2]),
@@ -1238,12 +1223,12 @@ fn dropout_statistics_and_modes() {
         &[0, 4]
     );
     // Reproducible.
-    retried(|| {
+    {
         random::seed(5);
         let a = f64s(t.dropout(0.5, true));
         random::seed(5);
         assert_eq!(f64s(t.dropout(0.5, true)), a);
-    });
+    }
     m.close();
 }
 
@@ -1328,18 +1313,18 @@ fn dropout_gradient() {
         assert!((gi - expected).abs() < 1e-12, "{g:?} vs {y:?}");
     }
     // ...and by finite differences with a fixed mask (reseeded on every call).
-    retried(|| {
+    {
         gradcheck(&[&[3, 4]], -1.0, 1.0, |xs| {
             random::seed(17);
             xs[0].dropout(0.4, true)
         });
-    });
-    retried(|| {
+    }
+    {
         gradcheck(&[&[4, 3]], -1.0, 1.0, |xs| {
             random::seed(18);
             xs[0].transpose().dropout(0.5, true)
         });
-    });
+    }
     gradcheck(&[&[3]], -1.0, 1.0, |xs| xs[0].dropout(1.0, true) + xs[0]);
     gradcheck(&[&[3]], -1.0, 1.0, |xs| xs[0].dropout(0.5, false) * 2.0);
     m.close();
@@ -1379,4 +1364,26 @@ fn ops_compose_under_a_collector_without_leaks() {
         ]
     );
     m.close();
+}
+
+/// Each thread has its own generator: two threads seeded alike draw alike, however
+/// their draws interleave.
+#[test]
+fn generators_are_per_thread() {
+    let draw = || {
+        let m = NDManager::new();
+        random::seed(123);
+        let mut v = Vec::new();
+        for _ in 0..200 {
+            v.extend(m.random_permutation(8).to_vec::<i64>().unwrap());
+            m.random_bernoulli(0.5, [3]); // interleaved draws of another kind
+        }
+        m.close();
+        v
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let (a, b) = (s.spawn(draw), s.spawn(draw));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(a, b);
 }
