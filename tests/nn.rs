@@ -1219,7 +1219,7 @@ fn clip_grad_norm_scales_in_place() {
     );
     let after = clip_grad_norm(&[a, b], 100.0);
     assert!((after - 1.0).abs() < 1e-6, "now about max_norm: {after}");
-    // A transposed gradient view is a parameter too: its gradient's norm counts.
+    // max_norm 0 zeroes the gradients (the coefficient is 0).
     fill();
     assert!((clip_grad_norm(&[b], 0.0) - 20f64.sqrt()).abs() < 1e-6);
     assert!(vals(b.gradient()).iter().all(|&g| g == 0.0));

@@ -112,7 +112,9 @@ use crate::{NDArray, NDManager};
 /// Implementations provide [`Module::try_forward`], their parameters (names in
 /// PyTorch's `named_parameters` order and spelling: `"weight"`, `"bias"`, and
 /// `"<i>.<name>"` inside a [`Sequential`]), the training-mode flag and their manager.
-/// See the [module documentation](self) for ownership.
+/// See the [module documentation](self) for ownership. Modules are `Send + Sync`
+/// (their state is array handles and flags), so a model can be shared with other
+/// threads.
 pub trait Module: Send + Sync {
     /// The output for input `x`. Errors: those of the ops the layer runs (a
     /// `ShapeMismatch` for an input of the wrong size, a `DTypeMismatch` for an input of

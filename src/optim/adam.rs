@@ -253,7 +253,7 @@ adam_type! {
     /// ```
     ///
     /// (`eps` outside the square root, as PyTorch; `m` is updated with PyTorch's
-    /// `lerp`). The moments (`"<i>.exp_avg"` and `"<i>.exp_avg_sq"` in
+    /// `lerp`; PyTorch's `amsgrad` and `maximize` options are not offered). The moments (`"<i>.exp_avg"` and `"<i>.exp_avg_sq"` in
     /// [`Optimizer::named_state`]) live in the optimizer's own sub-manager, made once by
     /// `new`; a step is three fused in-place passes per parameter and allocates nothing.
     ///
