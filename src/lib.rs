@@ -162,6 +162,8 @@ mod dtype;
 mod engine;
 mod error;
 mod manager;
+pub mod nn;
+pub mod optim;
 #[doc = include_str!("../docs/ownership.md")]
 pub mod ownership {}
 pub mod random;

@@ -1,0 +1,171 @@
+//! The fused in-place update kernels of the optimizers.
+//!
+//! Each update writes one array (a parameter or a state buffer) from itself and two
+//! inputs of the same shape, element by element, in one pass: `t = f(t, a, b)`. No
+//! temporary array is made, and nothing is allocated: the op goes straight through
+//! the engine's in-place path (`engine::run_inplace`), like `addi`.
+
+use crate::NDArray;
+use crate::autograd;
+use crate::dtype::{Float, dispatch_float};
+use crate::engine::{self, Layout, layout::for_each_row};
+use crate::error::{NdError, Result};
+
+/// One elementwise update rule `t = apply(t, a, b)`, instantiated per float type.
+pub(crate) trait Update {
+    /// The new value of the target element `t` given the inputs' elements `a`, `b`.
+    fn apply<T: Float>(&self, t: T, a: T, b: T) -> T;
+}
+
+/// `t[i] = f(t[i], a[i], b[i])` over three arrays of one shape, each read through its
+/// layout (`lt` for `t`, and so on).
+pub(crate) fn zip3_inplace<T: Copy>(
+    t: &mut [T],
+    lt: &Layout,
+    a: &[T],
+    la: &Layout,
+    b: &[T],
+    lb: &Layout,
+    mut f: impl FnMut(T, T, T) -> T,
+) {
+    debug_assert!(lt.shape == la.shape && lt.shape == lb.shape);
+    if lt.is_contiguous() && la.is_contiguous() && lb.is_contiguous() {
+        let n = lt.size();
+        let t = &mut t[lt.offset..lt.offset + n];
+        let a = &a[la.offset..la.offset + n];
+        let b = &b[lb.offset..lb.offset + n];
+        for ((x, &y), &z) in t.iter_mut().zip(a).zip(b) {
+            *x = f(*x, y, z);
+        }
+        return;
+    }
+    for_each_row(
+        lt.shape.dims(),
+        [&lt.strides, &la.strides, &lb.strides],
+        [lt.offset, la.offset, lb.offset],
+        |off, len, s| {
+            for i in 0..len as isize {
+                let ti = (off[0] + i * s[0]) as usize;
+                t[ti] = f(
+                    t[ti],
+                    a[(off[1] + i * s[1]) as usize],
+                    b[(off[2] + i * s[2]) as usize],
+                );
+            }
+        },
+    );
+}
+
+/// Run `rule` in place on `target` with inputs `a` and `b` (same shape and float
+/// dtype as `target`). Errors: `Closed`, `DTypeMismatch`, `ShapeMismatch`,
+/// `UnsupportedDType`, and `InvalidArgument` while a gradient tape depends on `target`;
+/// `target` is unchanged on an error.
+pub(crate) fn update(
+    op: &'static str,
+    target: NDArray,
+    a: NDArray,
+    b: NDArray,
+    rule: &impl Update,
+) -> Result<()> {
+    autograd::check_inplace(op, target.id)?;
+    engine::run_inplace(target.id, &[a.id, b.id], |mut t, o| {
+        for x in o {
+            if x.dtype != t.dtype {
+                return Err(NdError::DTypeMismatch {
+                    op,
+                    lhs: t.desc(),
+                    rhs: x.desc(),
+                });
+            }
+            if x.shape() != &t.layout.shape {
+                return Err(NdError::ShapeMismatch {
+                    op,
+                    lhs: t.desc(),
+                    rhs: x.desc(),
+                });
+            }
+        }
+        let lt = t.layout.clone();
+        dispatch_float!(t.dtype, T => {
+            zip3_inplace::<T>(
+                t.data_mut::<T>(),
+                &lt,
+                o[0].data::<T>(),
+                o[0].layout,
+                o[1].data::<T>(),
+                o[1].layout,
+                |x, y, z| rule.apply(x, y, z),
+            );
+            Ok(())
+        }, else Err(NdError::UnsupportedDType {
+            op,
+            dtype: t.dtype,
+            array: t.desc(),
+        }))
+    })
+}
+
+/// Sum of the squares of `a`'s elements, in f64 (read in place, nothing allocated).
+pub(crate) fn sum_of_squares(op: &'static str, a: NDArray) -> Result<f64> {
+    engine::read(a.id, |o| {
+        dispatch_float!(o.dtype, T => {
+            let d = o.data::<T>();
+            let l = o.layout;
+            let mut acc = 0.0f64;
+            for_each_row(l.shape.dims(), [&l.strides], [l.offset], |off, len, s| {
+                for i in 0..len as isize {
+                    let v = crate::dtype::Native::to_f64(d[(off[0] + i * s[0]) as usize]);
+                    acc += v * v;
+                }
+            });
+            Ok(acc)
+        }, else Err(NdError::UnsupportedDType {
+            op,
+            dtype: o.dtype,
+            array: o.desc(),
+        }))
+    })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Shape;
+    use smallvec::SmallVec;
+
+    #[test]
+    fn contiguous_and_strided_walks_agree() {
+        // t = t + 10 a + 100 b over a [2, 3] target; `b` read transposed from [3, 2].
+        let lt = Layout::contiguous(Shape::from([2, 3]));
+        let mut t = vec![1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let a = vec![0.0f64, 1.0, 2.0, 3.0, 4.0, 5.0];
+        let bt = vec![0.0f64, 3.0, 1.0, 4.0, 2.0, 5.0]; // [3, 2], its transpose is `a`
+        let lb = Layout {
+            shape: Shape::from([2, 3]),
+            strides: SmallVec::from_slice(&[1, 2]),
+            offset: 0,
+        };
+        zip3_inplace(&mut t, &lt, &a, &lt, &bt, &lb, |x, y, z| {
+            x + 10.0 * y + 100.0 * z
+        });
+        assert_eq!(t, vec![1.0, 112.0, 223.0, 334.0, 445.0, 556.0]);
+        // An offset target, contiguous: only its window changes.
+        let mut t = vec![9.0f64, 1.0, 1.0, 9.0];
+        let lt = Layout {
+            shape: Shape::from([2]),
+            strides: SmallVec::from_slice(&[1]),
+            offset: 1,
+        };
+        let one = Layout::contiguous(Shape::from([2]));
+        zip3_inplace(
+            &mut t,
+            &lt,
+            &[2.0, 3.0],
+            &one,
+            &[0.0, 0.0],
+            &one,
+            |x, y, _| x * y,
+        );
+        assert_eq!(t, vec![9.0, 2.0, 3.0, 9.0]);
+    }
+}

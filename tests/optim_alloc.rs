@@ -1,0 +1,132 @@
+//! An optimizer step makes no heap allocation in steady state: every update is a fused
+//! in-place pass through the engine (its own binary: `CountingAllocator` is the global
+//! allocator here).
+
+use ndscope::nn::{Linear, Module, Sequential, Tanh};
+use ndscope::optim::{
+    Adam, AdamConfig, AdamW, CosineAnnealing, LrScheduler, Optimizer, Sgd, SgdConfig,
+    clip_grad_norm,
+};
+use ndscope::{CountingAllocator, DType, GradientCollector, NDManager, NDScope};
+
+#[global_allocator]
+static ALLOC: CountingAllocator = CountingAllocator;
+
+/// Train `model` with `opt` for `warmup` steps, then count the heap allocations of
+/// `steps` more optimizer steps (with gradient clipping, `zero_grad` and a schedule
+/// update; the forward and backward passes are not counted).
+fn step_allocations(
+    m: &NDManager,
+    model: &Sequential,
+    opt: &mut dyn Optimizer,
+    warmup: usize,
+    steps: usize,
+) -> (u64, f32, f32) {
+    let x = m.random_uniform(-1.0, 1.0, [32, 3], DType::F32);
+    let y = ndscope::scope(|| (x.get(":, 0:1") * x.get(":, 1:2") + x.get(":, 2:3")).keep());
+    let mut sched = CosineAnnealing::new(opt.learning_rate(), 10_000, 0.0);
+    let mut counted = 0;
+    let mut first = f32::NAN;
+    let mut last = f32::NAN;
+    for i in 0..warmup + steps {
+        let loss = {
+            let s = NDScope::new();
+            let gc = GradientCollector::new();
+            let loss = (model.forward(x) - y).square().mean();
+            gc.backward(loss).unwrap();
+            drop(gc);
+            s.escape(loss)
+        };
+        let v = loss.to_scalar::<f32>().unwrap();
+        loss.close();
+        if i == 0 {
+            first = v;
+        }
+        last = v;
+        let before = CountingAllocator::thread_allocations();
+        clip_grad_norm(opt.parameters(), 10.0);
+        opt.step();
+        sched.step(opt);
+        opt.zero_grad();
+        let n = CountingAllocator::thread_allocations() - before;
+        if i >= warmup {
+            counted += n;
+        }
+    }
+    (counted, first, last)
+}
+
+fn model(m: &NDManager) -> Sequential {
+    Sequential::new(m)
+        .add_with(|mm| Linear::new(mm, 3, 16))
+        .add(Tanh::new())
+        .add_with(|mm| Linear::new(mm, 16, 1))
+}
+
+type MakeOptimizer = fn(&Sequential) -> Box<dyn Optimizer>;
+
+fn sgd_nesterov(model: &Sequential) -> Box<dyn Optimizer> {
+    let cfg = SgdConfig {
+        lr: 0.05,
+        momentum: 0.9,
+        nesterov: true,
+        weight_decay: 1e-4,
+        ..Default::default()
+    };
+    Box::new(Sgd::new(&NDManager::new(), &model.parameters(), cfg))
+}
+
+fn sgd_plain(model: &Sequential) -> Box<dyn Optimizer> {
+    let cfg = SgdConfig {
+        lr: 0.05,
+        ..Default::default()
+    };
+    Box::new(Sgd::new(&NDManager::new(), &model.parameters(), cfg))
+}
+
+fn adam(model: &Sequential) -> Box<dyn Optimizer> {
+    let cfg = AdamConfig {
+        lr: 0.01,
+        weight_decay: 1e-4,
+        ..Default::default()
+    };
+    Box::new(Adam::new(&NDManager::new(), &model.parameters(), cfg))
+}
+
+fn adamw(model: &Sequential) -> Box<dyn Optimizer> {
+    let cfg = AdamConfig {
+        lr: 0.01,
+        ..AdamConfig::adamw()
+    };
+    Box::new(AdamW::new(&NDManager::new(), &model.parameters(), cfg))
+}
+
+#[test]
+fn optimizer_steps_do_not_allocate() {
+    ndscope::random::seed(11);
+    let m = NDManager::new();
+    let opts: [(&str, MakeOptimizer); 4] = [
+        ("sgd (momentum, nesterov, weight decay)", sgd_nesterov),
+        ("sgd (plain)", sgd_plain),
+        ("adam", adam),
+        ("adamw", adamw),
+    ];
+    for (name, make) in opts {
+        let model = model(&m);
+        let mut opt = make(&model);
+        let (allocs, first, last) = step_allocations(&m, &model, opt.as_mut(), 300, 200);
+        assert_eq!(
+            allocs, 0,
+            "{name}: heap allocations in 200 steady optimizer steps"
+        );
+        assert!(
+            last < first / 2.0,
+            "{name}: the loss went from {first} to {last}"
+        );
+        opt.manager().close();
+        model.manager().close();
+    }
+    // The counter works in this binary (the forward and backward passes allocate).
+    assert!(CountingAllocator::thread_allocations() > 0);
+    m.close();
+}
