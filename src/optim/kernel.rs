@@ -88,7 +88,7 @@ pub(crate) fn update(
         let lt = t.layout.clone();
         dispatch_float!(t.dtype, T => {
             zip3_inplace::<T>(
-                t.data_mut::<T>(),
+                t.split_mut::<T>().0,
                 &lt,
                 o[0].data::<T>(),
                 o[0].layout,
