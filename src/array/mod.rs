@@ -9,11 +9,13 @@
 mod display;
 mod index;
 mod linalg;
+mod logical;
 mod nn;
 mod operators;
 mod ops;
 mod reduce;
 mod shape_ops;
+mod unary;
 
 pub use ops::Rhs;
 pub(crate) use ops::{BinOp, UnOp};
