@@ -15,6 +15,7 @@ mod operators;
 mod ops;
 mod reduce;
 mod shape_ops;
+mod stats;
 mod unary;
 
 pub use ops::Rhs;
