@@ -635,3 +635,55 @@ impl NDArray {
         cumsum_impl(self, axis, false, Location::caller())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lse(v: &[f64]) -> f64 {
+        lse_row(
+            Lse {
+                m: f64::NEG_INFINITY,
+                s: 0.0,
+            },
+            v,
+            0,
+            v.len(),
+            1,
+        )
+        .value()
+    }
+
+    #[test]
+    fn lse_row_edge_cases() {
+        let (inf, nan) = (f64::INFINITY, f64::NAN);
+        assert_eq!(lse(&[]), -inf);
+        assert_eq!(lse(&[-inf, -inf]), -inf);
+        assert_eq!(lse(&[-inf, 0.0, -inf]), 0.0);
+        assert_eq!(lse(&[1.0, inf, inf, 2.0]), inf);
+        assert!(lse(&[1.0, nan, 2.0]).is_nan());
+        assert!(lse(&[nan, inf]).is_nan());
+        // Increasing values rescale the running sum.
+        let want = (1.0f64.exp() + 2.0f64.exp() + 3.0f64.exp()).ln();
+        assert!((lse(&[1.0, 2.0, 3.0]) - want).abs() < 1e-15);
+        assert_eq!(lse(&[1e308, 1e308]), 1e308);
+    }
+
+    #[test]
+    fn welford_row_strided_and_constant() {
+        let init = Welford {
+            n: 0.0,
+            mean: 0.0,
+            m2: 0.0,
+        };
+        // Every other element of [1, x, 2, x, 3, x, 4]: var 1.25.
+        let data = [1.0f32, 9.0, 2.0, 9.0, 3.0, 9.0, 4.0];
+        let w = welford_row(init, &data, 0, 4, 2);
+        assert_eq!((w.n, w.mean, w.m2 / w.n), (4.0, 2.5, 1.25));
+        // Backwards from the end, in two rows.
+        let w = welford_row(welford_row(init, &data, 6, 2, -2), &data, 2, 2, -2);
+        assert_eq!(w.m2 / w.n, 1.25);
+        let c = [0.1f64; 9];
+        assert_eq!(welford_row(init, &c, 0, 9, 1).m2, 0.0);
+    }
+}

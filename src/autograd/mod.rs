@@ -59,6 +59,11 @@
 //! * **In-place ops** on an array the current tape depends on (a parameter or a
 //!   recorded result) are an error while the tape is not empty, as in PyTorch; update
 //!   parameters after `backward` (which empties the tape) or after the collector drops.
+//! * **Pausing.** [`no_grad`] turns recording off on its thread while its closure runs
+//!   (nesting, and restored on panic); [`NDArray::stop_gradient`] cuts one value out of
+//!   the graph. Non-differentiable ops (comparisons, `floor`, `round`, `sign`, integer
+//!   and Bool results) are never recorded, so a loss computed only through them is an
+//!   error in `backward`, never a silent zero gradient.
 //! * One collector per thread at a time; recording covers only ops run on its thread.
 
 pub(crate) mod backward;
