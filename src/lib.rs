@@ -171,7 +171,7 @@ mod scope;
 mod shape;
 
 pub use array::{NDArray, Rhs};
-pub use autograd::GradientCollector;
+pub use autograd::{GradientCollector, no_grad};
 pub use diag::{
     CacheStats, LeakReport, LeakSite, LeakWarning, LeakWatch, MemoryStats, OpRecord, Profile,
     assert_no_leaks, cache_stats, check_leaks, config, empty_cache, leak_report, memory, profile,

@@ -11,11 +11,14 @@ mod dropout;
 mod gather;
 mod index;
 mod linalg;
+mod logical;
 mod nn;
 mod operators;
 mod ops;
 mod reduce;
 mod shape_ops;
+mod stats;
+mod unary;
 
 pub use ops::Rhs;
 pub(crate) use ops::{BinOp, UnOp};

@@ -59,6 +59,11 @@
 //! * **In-place ops** on an array the current tape depends on (a parameter or a
 //!   recorded result) are an error while the tape is not empty, as in PyTorch; update
 //!   parameters after `backward` (which empties the tape) or after the collector drops.
+//! * **Pausing.** [`no_grad`] turns recording off on its thread while its closure runs
+//!   (nesting, and restored on panic); [`NDArray::stop_gradient`] cuts one value out of
+//!   the graph. Non-differentiable ops (comparisons, `floor`, `round`, `sign`, integer
+//!   and Bool results) are never recorded, so a loss computed only through them is an
+//!   error in `backward`, never a silent zero gradient.
 //! * One collector per thread at a time; recording covers only ops run on its thread.
 
 pub(crate) mod backward;
@@ -297,6 +302,57 @@ thread_local! {
     static ACCUMULATE: Cell<bool> = const { Cell::new(false) };
     /// Parameters of other threads this collector has zeroed on first use.
     static ZEROED: RefCell<IdSet> = RefCell::new(IdSet::default());
+    /// How many [`no_grad`] calls are running on this thread.
+    static NO_GRAD: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Run `f` with gradient recording off on this thread (PyTorch's `torch.no_grad()`):
+/// no op run inside is recorded on this thread's tape, so results computed inside
+/// carry no gradient, even from parameters. Returns what `f` returns.
+///
+/// Recording is restored when `f` returns or panics; calls nest. A collector
+/// created inside starts recording when the outermost `no_grad` returns. In-place
+/// updates (an optimizer step) are allowed inside only when the tape does not depend
+/// on the array, as outside (see [`GradientCollector`]).
+///
+/// ```
+/// use ndscope::{GradientCollector, NDManager};
+/// let m = NDManager::new();
+/// let w = m.create(&[3.0f64], [1]).set_requires_gradient(true);
+/// let gc = GradientCollector::new();
+/// let frozen = ndscope::no_grad(|| w * 2.0);     // not recorded
+/// let loss = (w * frozen).sum();                 // d/dw = frozen = 6, not 2 * 2w = 12
+/// gc.backward(loss)?;
+/// assert_eq!(w.gradient().to_vec::<f64>()?, vec![6.0]);
+/// # Ok::<(), ndscope::NdError>(())
+/// ```
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    /// Restores the state on return and on unwind: what it was, unless a collector
+    /// started or stopped inside `f`.
+    struct Restore {
+        recording: bool,
+        collecting: bool,
+    }
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let depth = NO_GRAD.with(|d| {
+                d.set(d.get() - 1);
+                d.get()
+            });
+            let recording = match (self.collecting, COLLECTING.with(Cell::get)) {
+                (_, false) => false,
+                (true, true) => self.recording,
+                (false, true) => depth == 0,
+            };
+            RECORDING.with(|c| c.set(recording));
+        }
+    }
+    NO_GRAD.with(|d| d.set(d.get() + 1));
+    let _restore = Restore {
+        recording: RECORDING.with(|c| c.replace(false)),
+        collecting: COLLECTING.with(Cell::get),
+    };
+    f()
 }
 
 /// Record op `rule` with `inputs` and result `output` on this thread's tape, if a
@@ -367,9 +423,10 @@ fn record_slow(inputs: &[ArrayId], output: ArrayId, rule: Rule) {
     });
 }
 
-/// Error if an in-place write to `id` would invalidate the recording tape.
+/// Error if an in-place write to `id` would invalidate the recording tape (also
+/// inside [`no_grad`], where the tape is not recording but still reads `id` later).
 pub(crate) fn check_inplace(op: &'static str, id: ArrayId) -> Result<()> {
-    if !RECORDING.with(Cell::get) {
+    if !COLLECTING.with(Cell::get) {
         return Ok(());
     }
     let depends = TAPE.with(|t| {
@@ -477,7 +534,8 @@ impl GradientCollector {
         ACCUMULATE.with(|c| c.set(accumulate));
         ZEROED.with(|z| z.borrow_mut().clear());
         COLLECTING.with(|c| c.set(true));
-        RECORDING.with(|c| c.set(true));
+        // Inside `no_grad` recording starts when the outermost `no_grad` returns.
+        RECORDING.with(|c| c.set(NO_GRAD.with(Cell::get) == 0));
         Ok(GradientCollector {
             _not_send: PhantomData,
         })
@@ -499,14 +557,15 @@ impl GradientCollector {
     /// explicitly or by its manager.
     pub fn backward(&self, loss: NDArray) -> Result<()> {
         let tape = TAPE.with(|t| std::mem::take(&mut *t.borrow_mut()));
-        RECORDING.with(|c| c.set(false));
+        // Off while backward runs; restored after (still off inside `no_grad`).
+        let recording = RECORDING.with(|c| c.replace(false));
         let result = {
             let scope = NDScope::new();
             let r = backward::run(&tape.nodes, &tape.tracked, loss);
             drop(scope);
             r
         };
-        RECORDING.with(|c| c.set(true));
+        RECORDING.with(|c| c.set(recording));
         let mut tape = tape;
         tape.clear();
         result
