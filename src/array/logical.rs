@@ -138,6 +138,7 @@ impl NDArray {
 
     /// [`NDArray::logical_and`]. Errors: `Closed`, `UnsupportedDType` (an operand is
     /// not Bool), `ShapeMismatch` (not broadcastable), `ManagerClosed`/`ManagerCapped`.
+    /// Not differentiable: a Bool result.
     #[track_caller]
     pub fn try_logical_and(self, other: NDArray) -> Result<NDArray> {
         logical(self, LogicOp::And, other, Location::caller())
@@ -161,6 +162,7 @@ impl NDArray {
 
     /// [`NDArray::logical_or`]. Errors: `Closed`, `UnsupportedDType` (an operand is not
     /// Bool), `ShapeMismatch` (not broadcastable), `ManagerClosed`/`ManagerCapped`.
+    /// Not differentiable: a Bool result.
     #[track_caller]
     pub fn try_logical_or(self, other: NDArray) -> Result<NDArray> {
         logical(self, LogicOp::Or, other, Location::caller())
@@ -184,6 +186,7 @@ impl NDArray {
 
     /// [`NDArray::logical_xor`]. Errors: `Closed`, `UnsupportedDType` (an operand is
     /// not Bool), `ShapeMismatch` (not broadcastable), `ManagerClosed`/`ManagerCapped`.
+    /// Not differentiable: a Bool result.
     #[track_caller]
     pub fn try_logical_xor(self, other: NDArray) -> Result<NDArray> {
         logical(self, LogicOp::Xor, other, Location::caller())
@@ -206,6 +209,7 @@ impl NDArray {
 
     /// [`NDArray::logical_not`]. Errors: `Closed`, `UnsupportedDType` (not Bool),
     /// `ManagerClosed`/`ManagerCapped`.
+    /// Not differentiable: a Bool result.
     #[track_caller]
     pub fn try_logical_not(self) -> Result<NDArray> {
         logical_not_impl(self, Location::caller())
@@ -228,6 +232,7 @@ impl NDArray {
     }
 
     /// [`NDArray::any`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+    /// Not differentiable: a Bool result.
     #[track_caller]
     pub fn try_any(self) -> Result<NDArray> {
         truth_reduction(self, true, None, false, Location::caller())
@@ -256,6 +261,7 @@ impl NDArray {
     }
 
     /// [`NDArray::all`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+    /// Not differentiable: a Bool result.
     #[track_caller]
     pub fn try_all(self) -> Result<NDArray> {
         truth_reduction(self, false, None, false, Location::caller())
@@ -285,6 +291,7 @@ impl NDArray {
 
     /// [`NDArray::any_axes`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument` (a
     /// repeated axis), `ManagerClosed`/`ManagerCapped`.
+    /// Not differentiable: a Bool result.
     #[track_caller]
     pub fn try_any_axes(self, axes: &[isize], keep_dims: bool) -> Result<NDArray> {
         truth_reduction(self, true, Some(axes), keep_dims, Location::caller())
@@ -314,6 +321,7 @@ impl NDArray {
 
     /// [`NDArray::all_axes`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument` (a
     /// repeated axis), `ManagerClosed`/`ManagerCapped`.
+    /// Not differentiable: a Bool result.
     #[track_caller]
     pub fn try_all_axes(self, axes: &[isize], keep_dims: bool) -> Result<NDArray> {
         truth_reduction(self, false, Some(axes), keep_dims, Location::caller())

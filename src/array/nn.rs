@@ -357,6 +357,7 @@ impl NDArray {
 
     /// [`NDArray::one_hot`]. Errors: `Index` (an index is negative or `>= depth`),
     /// `UnsupportedDType` (float or Bool input), `InvalidShape`, `Closed`.
+    /// Not differentiable: its input is integer labels.
     #[track_caller]
     pub fn try_one_hot(self, depth: usize) -> Result<NDArray> {
         one_hot_impl(self, depth, Location::caller())

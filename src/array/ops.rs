@@ -558,17 +558,17 @@ macro_rules! compare_methods {
 }
 
 compare_methods! {
-    /// Elementwise `self == rhs`, broadcasting.
+    /// Elementwise `self == rhs`, broadcasting. Not differentiable: a Bool result.
     eq, try_eq, CmpOp::Eq;
-    /// Elementwise `self != rhs`, broadcasting.
+    /// Elementwise `self != rhs`, broadcasting. Not differentiable: a Bool result.
     ne, try_ne, CmpOp::Ne;
-    /// Elementwise `self > rhs`, broadcasting.
+    /// Elementwise `self > rhs`, broadcasting. Not differentiable: a Bool result.
     gt, try_gt, CmpOp::Gt;
-    /// Elementwise `self >= rhs`, broadcasting.
+    /// Elementwise `self >= rhs`, broadcasting. Not differentiable: a Bool result.
     ge, try_ge, CmpOp::Ge;
-    /// Elementwise `self < rhs`, broadcasting.
+    /// Elementwise `self < rhs`, broadcasting. Not differentiable: a Bool result.
     lt, try_lt, CmpOp::Lt;
-    /// Elementwise `self <= rhs`, broadcasting.
+    /// Elementwise `self <= rhs`, broadcasting. Not differentiable: a Bool result.
     le, try_le, CmpOp::Le;
 }
 

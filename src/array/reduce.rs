@@ -354,6 +354,7 @@ impl NDArray {
     }
 
     /// [`NDArray::argmax`]. Errors: `Closed`, `InvalidArgument` (empty array).
+    /// Not differentiable: an integer result.
     #[track_caller]
     pub fn try_argmax(self) -> Result<NDArray> {
         arg_reduction(self, true, None, false, Location::caller())
@@ -367,6 +368,7 @@ impl NDArray {
     }
 
     /// [`NDArray::argmin`]. Errors: `Closed`, `InvalidArgument` (empty array).
+    /// Not differentiable: an integer result.
     #[track_caller]
     pub fn try_argmin(self) -> Result<NDArray> {
         arg_reduction(self, false, None, false, Location::caller())
@@ -388,6 +390,7 @@ impl NDArray {
 
     /// [`NDArray::argmax_axis`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument`
     /// (the axis is empty while other axes are not).
+    /// Not differentiable: an integer result.
     #[track_caller]
     pub fn try_argmax_axis(self, axis: isize, keep_dims: bool) -> Result<NDArray> {
         arg_reduction(self, true, Some(axis), keep_dims, Location::caller())
@@ -409,6 +412,7 @@ impl NDArray {
 
     /// [`NDArray::argmin_axis`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument`
     /// (the axis is empty while other axes are not).
+    /// Not differentiable: an integer result.
     #[track_caller]
     pub fn try_argmin_axis(self, axis: isize, keep_dims: bool) -> Result<NDArray> {
         arg_reduction(self, false, Some(axis), keep_dims, Location::caller())

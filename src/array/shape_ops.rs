@@ -1420,6 +1420,7 @@ impl NDArray {
     }
 
     /// [`NDArray::zeros_like`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+    /// Not differentiable: the values do not depend on `self`.
     #[track_caller]
     pub fn try_zeros_like(self) -> Result<NDArray> {
         full_like(self, 0.0, Location::caller())
@@ -1433,6 +1434,7 @@ impl NDArray {
     }
 
     /// [`NDArray::ones_like`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+    /// Not differentiable: the values do not depend on `self`.
     #[track_caller]
     pub fn try_ones_like(self) -> Result<NDArray> {
         full_like(self, 1.0, Location::caller())
@@ -1447,6 +1449,7 @@ impl NDArray {
 
     /// [`NDArray::full_like`]. Errors: `InvalidArgument` (a NaN or infinite value for
     /// an integer array), `Closed`, `ManagerClosed`/`ManagerCapped`.
+    /// Not differentiable: the values do not depend on `self`.
     #[track_caller]
     pub fn try_full_like(self, value: f64) -> Result<NDArray> {
         full_like(self, value, Location::caller())

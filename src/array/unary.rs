@@ -520,6 +520,7 @@ impl NDArray {
     /// [`NDArray::stop_gradient`], returning an error instead of panicking.
     ///
     /// Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+    /// Not differentiable: never recorded, by design.
     #[track_caller]
     pub fn try_stop_gradient(self) -> Result<NDArray> {
         stop_gradient_impl(self, Location::caller())

@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod coverage;
 mod elementwise;
 mod index;
 mod nn;
