@@ -157,10 +157,12 @@
 
 mod array;
 mod autograd;
+pub mod data;
 mod diag;
 mod dtype;
 mod engine;
 mod error;
+pub mod io;
 mod manager;
 #[doc = include_str!("../docs/ownership.md")]
 pub mod ownership {}
