@@ -33,6 +33,8 @@
 //! scope opens, so it belongs to the enclosing scope (an epoch's scope, say): memory
 //! is then flat across epochs, and grows within one by a batch's arrays per step
 //! (views of the data when unshuffled; copies when shuffled).
+// `load_digits` needs the default feature `io`.
+#![cfg_attr(not(feature = "io"), allow(rustdoc::broken_intra_doc_links))]
 
 use crate::dtype::dispatch;
 use crate::engine::layout::for_each_row;

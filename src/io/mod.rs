@@ -18,10 +18,10 @@
 //! owned by the given manager and registered in the current scope, like any created
 //! array.
 //!
-//! Errors: the operating system's failures are [`NdError::Io`] (with the path and
+//! Errors: the operating system's failures are [`NdError::Io`](crate::NdError::Io) (with the path and
 //! the error kind); a file that is not valid for the format, or holds a dtype ndscope
-//! has no counterpart for (`float16`, `int8`, ...), is [`NdError::Format`]; a bad
-//! argument (an empty or repeated name) is [`NdError::InvalidArgument`]; a closed
+//! has no counterpart for (`float16`, `int8`, ...), is [`NdError::Format`](crate::NdError::Format); a bad
+//! argument (an empty or repeated name) is [`NdError::InvalidArgument`](crate::NdError::InvalidArgument); a closed
 //! array is `Closed`. A failing load leaves nothing allocated, and a failing
 //! [`load_into`] changes no array. Every function has a panicking form and a `try_`
 //! twin; the panic message is exactly the error's.
@@ -51,6 +51,8 @@
 //! # std::fs::remove_dir_all(&dir).unwrap();
 //! # Ok::<(), ndscope::NdError>(())
 //! ```
+// Without the `io` feature the file functions named above do not exist.
+#![cfg_attr(not(feature = "io"), allow(rustdoc::broken_intra_doc_links))]
 
 #[cfg(feature = "io")]
 mod checkpoint;
