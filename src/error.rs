@@ -235,6 +235,34 @@ pub enum NdError {
         /// What is wrong.
         msg: String,
     },
+
+    // ---- file errors (`ndscope::io`, `ndscope::data`) ----
+    /// The operating system could not read or write a file (not found, a directory,
+    /// permission denied, disk full, ...).
+    #[error("{op}: {}: {msg}", path.display())]
+    Io {
+        /// The operation (`load_npy`, `save_safetensors`, ...).
+        op: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// The operating system's message.
+        msg: String,
+        /// The operating system's error kind.
+        kind: std::io::ErrorKind,
+    },
+    /// A file was read but its contents are not what the operation needs: not the
+    /// format (bad magic, a malformed header, truncated data), a dtype ndscope has
+    /// no counterpart for, or (for `io::load_into`) a name, shape
+    /// or dtype that does not match the arrays to fill.
+    #[error("{op}: {}: {msg}", path.display())]
+    Format {
+        /// The operation.
+        op: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
 }
 
 impl NdError {

@@ -157,10 +157,12 @@
 
 mod array;
 mod autograd;
+pub mod data;
 mod diag;
 mod dtype;
 mod engine;
 mod error;
+pub mod io;
 mod manager;
 pub mod nn;
 pub mod optim;
