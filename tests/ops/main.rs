@@ -5,5 +5,6 @@
 mod common;
 
 mod elementwise;
+mod fixtures;
 mod index;
 mod nn;
