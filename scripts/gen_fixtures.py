@@ -1001,6 +1001,21 @@ def gen_reduce():
         f.add(op, [arr(np.zeros((0, 3)), "f64")], {"axis": 1, "keep_dims": True})
         f.error(op, [arr(np.zeros((0, 3)), "i32")], {"axis": 0, "keep_dims": False}, "InvalidArgument")
         f.error(op, [arr(np.zeros((0,)), "f64")], {}, "InvalidArgument")
+    # Longer rows: the 8-lane contiguous kernels (and their remainders), and a long
+    # strided reduction (axis 0 of a row-major matrix).
+    for op in ["sum", "mean", "max", "min", "prod", "argmax", "argmin"]:
+        for d in ["f32", "f64", "i32"]:
+            lo, hi = (0.9, 1.1) if op == "prod" else (0.0, 1.0)  # no cancellation in f32
+            x = f.input((37,), d, noncontig=0.0, lo=lo, hi=hi)
+            if op == "prod" and d == "i32":
+                x.base = x.base % 3 + 1  # wraps
+            f.add(op, [x], {} if op.startswith("arg") else {"axes": [0], "keep_dims": False})
+            x = f.input((5, 23), d, noncontig=0.5, lo=lo, hi=hi)
+            if op == "prod" and d == "i32":
+                x.base = x.base % 2 + 1
+            ax = {"axis": 0, "keep_dims": True} if op.startswith("arg") else {"axes": [0], "keep_dims": True}
+            f.add(op, [x], ax)
+            f.add(op, [x], {"axis": -1, "keep_dims": False} if op.startswith("arg") else {})
     return f
 
 
