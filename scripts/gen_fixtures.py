@@ -1129,7 +1129,7 @@ def random_index(rng, shape):
     """A random index string for `shape` in ndscope's grammar (numpy basic indexing)."""
     nd = len(shape)
     items = []
-    n_items = int(rng.integers(0, nd + 1))
+    n_items = int(rng.integers(1, nd + 1)) if nd else 0
     for axis in range(n_items):
         n = shape[axis]
         r = rng.random()
@@ -1160,7 +1160,7 @@ def gen_index():
     rng = f.rng
     for d in ALL:
         for k in range(40):
-            shp = f.shape(max_nd=3, max_dim=5, zero=0.06)
+            shp = f.shape(max_nd=3, max_dim=5, zero=0.06) or (int(rng.integers(1, 6)),)
             index = random_index(rng, shp)
             x = f.input(shp, d, noncontig=0.2)
             try:

@@ -50,7 +50,7 @@ fn tolerance(dtype: DType, case: &Value) -> (f64, f64) {
 /// To add an op: one arm here, plus its entry in `scripts/gen_fixtures.py`.
 fn apply(op: &str, p: &Value, x: &[NDArray]) -> Result<NDArray, NdError> {
     match op {
-        "add" | "sub" | "mul" | "div" if p.get("scalar_left").is_some() => {
+        "add" | "sub" | "mul" | "div" if p.get("scalar_left") == Some(&Value::Bool(true)) => {
             Ok(scalar_left(op, &p["scalar"], x[0]))
         }
         "add" => x[0].try_add(rhs(p, x)),
