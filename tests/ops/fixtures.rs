@@ -502,7 +502,7 @@ fn numpy_fixtures() {
     );
     assert!(
         failures.is_empty() && now_passing.is_empty() && stale.is_empty(),
-        "{} of {total} fixture cases failed (regenerate with scripts/gen_fixtures.py):\n{}\
+        "{} of {total} fixture cases failed (fixtures: scripts/gen_fixtures.py; a known ndscope bug goes in KNOWN_FAILURES):\n{}\
          \nKNOWN_FAILURES entries that now pass (remove them): {:?}\
          \nKNOWN_FAILURES entries that match no failing case: {:?}",
         failures.len(),
