@@ -6,5 +6,6 @@ mod common;
 
 mod coverage;
 mod elementwise;
+mod fixtures;
 mod index;
 mod nn;
