@@ -118,7 +118,7 @@ fn softmax_impl(x: NDArray, axis: isize, log: bool, at: SourceLocation) -> Resul
     Ok(NDArray { id })
 }
 
-fn one_hot_impl(x: NDArray, depth: usize, at: SourceLocation) -> Result<NDArray> {
+fn one_hot_impl(x: NDArray, depth: usize, dtype: DType, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "one_hot";
     let id = engine::run_op(OP, &[x.id], at, |o| {
         let a = &o[0];
@@ -142,17 +142,12 @@ fn one_hot_impl(x: NDArray, depth: usize, at: SourceLocation) -> Result<NDArray>
                 array: a.desc(),
             });
         }
-        let buf = new_filled::<f32>(total, |out| {
-            out.fill(0.0);
+        let buf = dispatch!(dtype, T => new_filled::<T>(total, |out| {
             for (row, &i) in indices.iter().enumerate() {
-                out[row * depth + i as usize] = 1.0;
+                out[row * depth + i as usize] = T::ONE;
             }
-        })?;
-        Ok(Output::New {
-            buf,
-            shape,
-            dtype: DType::F32,
-        })
+        })?);
+        Ok(Output::New { buf, shape, dtype })
     })?;
     Ok(NDArray { id })
 }
@@ -339,27 +334,29 @@ impl NDArray {
         softmax_impl(self, axis, true, Location::caller())
     }
 
-    /// One-hot encoding of integer class indices: an F32 array with a new last axis of
-    /// length `depth`, 1 at each index and 0 elsewhere. Panics on failure.
+    /// One-hot encoding of integer class indices: an array of `dtype` (any dtype; Bool
+    /// gives `true`/`false`) with a new last axis of length `depth`, 1 at each index and
+    /// 0 elsewhere (PyTorch's `one_hot` always returns int64; here the caller picks).
+    /// Not differentiable (integer input). Panics on failure.
     ///
     /// ```
-    /// use ndscope::NDManager;
+    /// use ndscope::{DType, NDManager};
     /// let m = NDManager::new();
-    /// let y = m.create(&[2i64, 0], [2]).one_hot(3);
+    /// let y = m.create(&[2i64, 0], [2]).one_hot(3, DType::F32);
     /// assert_eq!(y.to_vec::<f32>()?, vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
     /// # m.close();
     /// # Ok::<(), ndscope::NdError>(())
     /// ```
     #[track_caller]
-    pub fn one_hot(self, depth: usize) -> NDArray {
-        unwrap(one_hot_impl(self, depth, Location::caller()))
+    pub fn one_hot(self, depth: usize, dtype: DType) -> NDArray {
+        unwrap(one_hot_impl(self, depth, dtype, Location::caller()))
     }
 
     /// [`NDArray::one_hot`]. Errors: `Index` (an index is negative or `>= depth`),
     /// `UnsupportedDType` (float or Bool input), `InvalidShape`, `Closed`.
     #[track_caller]
-    pub fn try_one_hot(self, depth: usize) -> Result<NDArray> {
-        one_hot_impl(self, depth, Location::caller())
+    pub fn try_one_hot(self, depth: usize, dtype: DType) -> Result<NDArray> {
+        one_hot_impl(self, depth, dtype, Location::caller())
     }
 
     /// Limit every element to `[min, max]` (same dtype; NaN stays NaN; for integer
