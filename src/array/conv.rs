@@ -295,19 +295,34 @@ fn chunk(g: &Geom, k: usize) -> usize {
 fn gather_grad<T: Native>(g: &Operand<'_>, n0: usize, nb: usize, lsz: usize, out: &mut [T]) {
     let (st, off) = nchw_strides(g.layout);
     let data = g.data::<T>();
-    let o_count = g.shape().dims()[1];
-    let ow = g.shape().dims()[3];
+    let d = g.shape().dims();
+    let (o_count, oh, ow) = (d[1], d[2], d[3]);
     let ncols = nb * lsz;
     for o in 0..o_count {
         for b in 0..nb {
             let dst = &mut out[o * ncols + b * lsz..o * ncols + (b + 1) * lsz];
             let base = off + (n0 + b) as isize * st[0] + o as isize * st[1];
-            for (i, d) in dst.iter_mut().enumerate() {
-                let (y, x) = ((i / ow) as isize, (i % ow) as isize);
-                *d = data[(base + y * st[2] + x * st[3]) as usize];
+            for (y, row) in dst.chunks_mut(ow.max(1)).enumerate().take(oh) {
+                let start = base + y as isize * st[2];
+                if st[3] == 1 {
+                    row.copy_from_slice(&data[start as usize..start as usize + ow]);
+                } else {
+                    for (x, e) in row.iter_mut().enumerate() {
+                        *e = data[(start + x as isize * st[3]) as usize];
+                    }
+                }
             }
         }
     }
+}
+
+/// Run `f` on a scratch slice of `len` elements taken from the buffer pool (not
+/// zeroed: `f` must write before it reads) and return its result; the memory goes
+/// back to the pool, so repeated calls neither zero nor fault in fresh pages.
+fn with_scratch<T: Native, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+    let mut r = None;
+    let _buf = new_overwritten::<T>(len, |s| r = Some(f(s)))?;
+    Ok(r.expect("new_overwritten calls its closure"))
 }
 
 /// A weight `[O, C/groups, kh, kw]` as a contiguous slice and its start offset (copied
@@ -338,44 +353,46 @@ fn conv2d_kernel<T: Native>(
     let bias: Option<Vec<T>> = bias.map(|b| kernels::to_vec::<T>(b));
     let xd = x.data::<T>();
     let nb_max = chunk(g, k);
-    let mut col = vec![T::ZERO; k * nb_max * lsz];
-    let mut tmp = vec![T::ZERO; og * nb_max * lsz];
-    new_overwritten::<T>(total, |out| {
-        if total == 0 {
-            return;
-        }
-        for n0 in (0..g.n).step_by(nb_max) {
-            let nb = nb_max.min(g.n - n0);
-            let ncols = nb * lsz;
-            for gi in 0..groups {
-                im2col(xd, x.layout, g, n0, nb, gi * cg, cg, &mut col);
-                let a = Mat {
-                    data: wd,
-                    off: (woff + gi * og * k) as isize,
-                    rs: k as isize,
-                    cs: 1,
-                };
-                let b = Mat {
-                    data: &col,
-                    off: 0,
-                    rs: ncols as isize,
-                    cs: 1,
-                };
-                matmul_2d(og, ncols, k, a, b, &mut tmp);
-                for o in 0..og {
-                    let oc = gi * og + o;
-                    let add = bias.as_ref().map_or(T::ZERO, |b| b[oc]);
-                    for bb in 0..nb {
-                        let dst = &mut out[((n0 + bb) * o_count + oc) * lsz..][..lsz];
-                        let src = &tmp[o * ncols + bb * lsz..][..lsz];
-                        for (d, &s) in dst.iter_mut().zip(src) {
-                            *d = s.add(add);
+    with_scratch::<T, _>(k * nb_max * lsz, |col| {
+        with_scratch::<T, _>(og * nb_max * lsz, |tmp| {
+            new_overwritten::<T>(total, |out| {
+                if total == 0 {
+                    return;
+                }
+                for n0 in (0..g.n).step_by(nb_max) {
+                    let nb = nb_max.min(g.n - n0);
+                    let ncols = nb * lsz;
+                    for gi in 0..groups {
+                        im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
+                        let a = Mat {
+                            data: wd,
+                            off: (woff + gi * og * k) as isize,
+                            rs: k as isize,
+                            cs: 1,
+                        };
+                        let b = Mat {
+                            data: col,
+                            off: 0,
+                            rs: ncols as isize,
+                            cs: 1,
+                        };
+                        matmul_2d(og, ncols, k, a, b, tmp);
+                        for o in 0..og {
+                            let oc = gi * og + o;
+                            let add = bias.as_ref().map_or(T::ZERO, |b| b[oc]);
+                            for bb in 0..nb {
+                                let dst = &mut out[((n0 + bb) * o_count + oc) * lsz..][..lsz];
+                                let src = &tmp[o * ncols + bb * lsz..][..lsz];
+                                for (d, &s) in dst.iter_mut().zip(src) {
+                                    *d = s.add(add);
+                                }
+                            }
                         }
                     }
                 }
-            }
-        }
-    })
+            })
+        })
+    })??
 }
 
 /// `dx = col2im(Wᵀ · G)` per group and chunk of samples.
@@ -392,34 +409,36 @@ fn conv2d_grad_input_kernel<T: Native>(
     let mut owned = Vec::new();
     let (wd, woff) = weight_slice::<T>(w, &mut owned);
     let nb_max = chunk(g, k.max(o_count));
-    let mut gt = vec![T::ZERO; o_count * nb_max * lsz];
-    let mut dcol = vec![T::ZERO; k * nb_max * lsz];
-    new_filled::<T>(g.n * g.c * g.h * g.w, |dx| {
-        if lsz == 0 || k == 0 {
-            return;
-        }
-        for n0 in (0..g.n).step_by(nb_max) {
-            let nb = nb_max.min(g.n - n0);
-            let ncols = nb * lsz;
-            gather_grad(gr, n0, nb, lsz, &mut gt);
-            for gi in 0..groups {
-                let a = Mat {
-                    data: wd,
-                    off: (woff + gi * og * k) as isize,
-                    rs: 1,
-                    cs: k as isize,
-                };
-                let b = Mat {
-                    data: &gt,
-                    off: (gi * og * ncols) as isize,
-                    rs: ncols as isize,
-                    cs: 1,
-                };
-                matmul_2d(k, ncols, og, a, b, &mut dcol);
-                col2im(&dcol, g, n0, nb, gi * cg, cg, dx);
-            }
-        }
-    })
+    with_scratch::<T, _>(o_count * nb_max * lsz, |gt| {
+        with_scratch::<T, _>(k * nb_max * lsz, |dcol| {
+            new_filled::<T>(g.n * g.c * g.h * g.w, |dx| {
+                if lsz == 0 || k == 0 {
+                    return;
+                }
+                for n0 in (0..g.n).step_by(nb_max) {
+                    let nb = nb_max.min(g.n - n0);
+                    let ncols = nb * lsz;
+                    gather_grad(gr, n0, nb, lsz, gt);
+                    for gi in 0..groups {
+                        let a = Mat {
+                            data: wd,
+                            off: (woff + gi * og * k) as isize,
+                            rs: 1,
+                            cs: k as isize,
+                        };
+                        let b = Mat {
+                            data: gt,
+                            off: (gi * og * ncols) as isize,
+                            rs: ncols as isize,
+                            cs: 1,
+                        };
+                        matmul_2d(k, ncols, og, a, b, dcol);
+                        col2im(dcol, g, n0, nb, gi * cg, cg, dx);
+                    }
+                }
+            })
+        })
+    })??
 }
 
 /// `dW = G · colᵀ` per group, summed over chunks of samples.
@@ -435,38 +454,41 @@ fn conv2d_grad_weight_kernel<T: Native>(
     let lsz = g.l();
     let xd = x.data::<T>();
     let nb_max = chunk(g, k.max(o_count));
-    let mut gt = vec![T::ZERO; o_count * nb_max * lsz];
-    let mut col = vec![T::ZERO; k * nb_max * lsz];
     let mut tmp = vec![T::ZERO; og * k];
-    new_filled::<T>(o_count * k, |dw| {
-        if lsz == 0 || k == 0 || og == 0 {
-            return;
-        }
-        for n0 in (0..g.n).step_by(nb_max) {
-            let nb = nb_max.min(g.n - n0);
-            let ncols = nb * lsz;
-            gather_grad(gr, n0, nb, lsz, &mut gt);
-            for gi in 0..groups {
-                im2col(xd, x.layout, g, n0, nb, gi * cg, cg, &mut col);
-                let a = Mat {
-                    data: &gt,
-                    off: (gi * og * ncols) as isize,
-                    rs: ncols as isize,
-                    cs: 1,
-                };
-                let b = Mat {
-                    data: &col,
-                    off: 0,
-                    rs: 1,
-                    cs: ncols as isize,
-                };
-                matmul_2d(og, k, ncols, a, b, &mut tmp);
-                for (d, &s) in dw[gi * og * k..(gi + 1) * og * k].iter_mut().zip(&tmp) {
-                    *d = d.add(s);
+    with_scratch::<T, _>(o_count * nb_max * lsz, |gt| {
+        with_scratch::<T, _>(k * nb_max * lsz, |col| {
+            new_filled::<T>(o_count * k, |dw| {
+                if lsz == 0 || k == 0 || og == 0 {
+                    return;
                 }
-            }
-        }
-    })
+                for n0 in (0..g.n).step_by(nb_max) {
+                    let nb = nb_max.min(g.n - n0);
+                    let ncols = nb * lsz;
+                    gather_grad(gr, n0, nb, lsz, gt);
+                    for gi in 0..groups {
+                        im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
+                        let a = Mat {
+                            data: gt,
+                            off: (gi * og * ncols) as isize,
+                            rs: ncols as isize,
+                            cs: 1,
+                        };
+                        let b = Mat {
+                            data: col,
+                            off: 0,
+                            rs: 1,
+                            cs: ncols as isize,
+                        };
+                        matmul_2d(og, k, ncols, a, b, &mut tmp);
+                        let dst = &mut dw[gi * og * k..(gi + 1) * og * k];
+                        for (d, &s) in dst.iter_mut().zip(&tmp) {
+                            *d = d.add(s);
+                        }
+                    }
+                }
+            })
+        })
+    })??
 }
 
 /// Validate conv2d's operands and build the geometry.

@@ -142,6 +142,44 @@ fn conv2d_zero_size_and_depthwise() {
 }
 
 #[test]
+fn conv2d_large_batches_are_chunked_exactly() {
+    // [8, 64, 32, 32] with 3x3 kernels: the im2col matrix of the whole batch (576 rows x
+    // 8192 columns) exceeds the kernel's chunk limit, so samples go in two chunks (7 + 1).
+    // Every sample must match its own convolution, in value and gradient.
+    let m = NDManager::new();
+    let x = vals(&m, &[8, 64, 32, 32], 1).set_requires_gradient(true);
+    let w = vals(&m, &[2, 64, 3, 3], 2).set_requires_gradient(true);
+    let r = vals(&m, &[8, 2, 32, 32], 3);
+    let y = {
+        let gc = GradientCollector::new();
+        let y = x.conv2d(w, None, [1, 1], [1, 1], [1, 1], 1);
+        gc.backward((y * r).sum()).unwrap();
+        y
+    };
+    let (gx, gw) = (f64s(x.gradient()), f64s(w.gradient()));
+    let (ys, mut gw_sum) = (f64s(y), vec![0.0; gw.len()]);
+    let per = 64 * 32 * 32;
+    for i in 0..8 {
+        let xi = x.get(&format!("{i}:{}", i + 1)).to_dtype(DType::F64);
+        xi.set_requires_gradient(true);
+        let ri = r.get(&format!("{i}:{}", i + 1));
+        let yi = {
+            let gc = GradientCollector::new();
+            let yi = xi.conv2d(w, None, [1, 1], [1, 1], [1, 1], 1);
+            gc.backward((yi * ri).sum()).unwrap();
+            yi
+        };
+        assert_close(&f64s(yi), &ys[i * 2048..(i + 1) * 2048], 1e-12);
+        assert_close(&f64s(xi.gradient()), &gx[i * per..(i + 1) * per], 1e-12);
+        for (s, g) in gw_sum.iter_mut().zip(f64s(w.gradient())) {
+            *s += g;
+        }
+    }
+    assert_close(&gw_sum, &gw, 1e-12);
+    m.close();
+}
+
+#[test]
 fn conv2d_gradients() {
     // Input, weight and bias with groups, stride, padding and dilation.
     gradcheck(&[&[2, 4, 5, 5], &[4, 2, 2, 2], &[4]], -1.0, 1.0, |a| {
