@@ -410,6 +410,17 @@ fn max_pool_pads_with_minus_infinity_and_propagates_nan() {
         f64s(x.max_pool2d([2, 2], [1, 1], [1, 1])),
         vec![-5.0, -5.0, -6.0, -5.0, -5.0, -6.0, -7.0, -7.0, -8.0]
     );
+    // Zero-size batches and channels.
+    let e = m.zeros([0, 2, 4, 4], DType::F32);
+    assert_eq!(
+        e.max_pool2d([2, 2], [2, 2], [0, 0]).shape().dims(),
+        &[0, 2, 2, 2]
+    );
+    let e = m.zeros([2, 0, 4, 4], DType::F64);
+    assert_eq!(
+        e.avg_pool2d([3, 3], [1, 1], [1, 1]).shape().dims(),
+        &[2, 0, 4, 4]
+    );
     let n = m.create(&[1.0f64, f64::NAN, 3.0, 2.0], [1, 1, 2, 2]);
     assert!(f64s(n.max_pool2d([2, 2], [2, 2], [0, 0]))[0].is_nan());
     assert!(f64s(n.avg_pool2d([2, 2], [2, 2], [0, 0]))[0].is_nan());
