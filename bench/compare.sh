@@ -6,6 +6,8 @@
 # > 1 means ndscope is better). A figure a program does not measure shows as '-'.
 # Needs `pip install numpy` (threadpoolctl optional) and network access for candle's
 # first build. Extra arguments (e.g. --quick) go to all three programs.
+# Then the nn workloads (conv2d_fwd_bwd_us, cross_entropy_fwd_bwd_us) against
+# bench/torch_nn_bench.py: PyTorch with one thread where it is installed, else numpy.
 # Usage: bench/compare.sh [--quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,4 +43,15 @@ for key in nd:
         continue
     print(f"{key:42} {show(a):>10} {show(b):>10} {show(c):>10} "
           f"{show(ratio(a, b), '{:.2f}x'):>10} {show(ratio(a, c), '{:.2f}x'):>10}")
+PY
+tn=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python3 bench/torch_nn_bench.py "$@")
+echo "$tn"
+python3 - "$nd" "$tn" <<'PY'
+import json, sys
+nd, tn = (json.loads(a) for a in sys.argv[1:3])
+print(f"{'key':42} {'ndscope':>10} {'peer':>10} {'nd/peer':>10}   (peer: {tn['impl']})")
+for key in ("conv2d_fwd_bwd_us", "cross_entropy_fwd_bwd_us"):
+    a, b = nd.get(key), tn.get(key)
+    r = "-" if a is None or not b else f"{a / b:.2f}x"
+    print(f"{key:42} {a if a is not None else '-':>10} {b if b is not None else '-':>10} {r:>10}")
 PY

@@ -18,6 +18,13 @@
 //! created on the main thread and read by both; without `_autograd` the gradient is
 //! written by hand, with it `GradientCollector` computes it. `bench/candle` measures
 //! the same workloads in candle-core.
+//!
+//! `conv2d_fwd_bwd_us` is one `conv2d` forward and backward inside a fresh
+//! `GradientCollector` and scope: input [32,16,8,8] F32, 32 filters 3×3, padding 1,
+//! stride 1, with bias, loss `sum`, gradients for the input, the weight and the bias.
+//! `cross_entropy_fwd_bwd_us` is the same for `cross_entropy` of [32,10] F32 logits
+//! with I64 labels (gradient for the logits). `bench/torch_nn_bench.py` measures both
+//! in PyTorch (one thread) or, without PyTorch, numpy (im2col + matmul).
 
 use ndscope::{DType, GradientCollector, NDArray, NDManager, NDScope};
 use std::hint::black_box;
@@ -297,6 +304,43 @@ fn main() {
             / steps as f64
     });
 
+    // conv2d forward + backward (input, weight and bias gradients); see the module docs.
+    let conv2d_us = maybe("conv2d", &mut || {
+        let batch = if quick { 2 } else { 32 };
+        let x = m.random_normal(0.0, 1.0, [batch, 16, 8, 8], DType::F32);
+        let w = m.random_normal(0.0, 0.1, [32, 16, 3, 3], DType::F32);
+        let b = m.zeros([32], DType::F32);
+        for p in [x, w, b] {
+            p.set_requires_gradient(true);
+        }
+        let t = median_ns(r, it(2_000), || {
+            let _s = NDScope::new();
+            let gc = GradientCollector::new();
+            let y = x.conv2d(w, Some(b), [1, 1], [1, 1], [1, 1], 1);
+            gc.backward(y.sum()).expect("recorded");
+        }) / 1e3;
+        // Closed so that later collectors do not zero their gradients.
+        for p in [x, w, b] {
+            p.close();
+        }
+        t
+    });
+
+    // cross_entropy forward + backward on [32,10] logits.
+    let cross_entropy_us = maybe("cross_entropy", &mut || {
+        let logits = m.random_normal(0.0, 1.0, [32, 10], DType::F32);
+        let labels = m.random_integer(0, 10, [32], DType::I64);
+        logits.set_requires_gradient(true);
+        let t = median_ns(r, it(50_000), || {
+            let _s = NDScope::new();
+            let gc = GradientCollector::new();
+            gc.backward(logits.cross_entropy(labels)).expect("recorded");
+        }) / 1e3;
+        logits.close();
+        labels.close();
+        t
+    });
+
     // Two threads each training vs one thread alone (see the module docs).
     let par_reps = if quick { 1 } else { 5 };
     let par = |name: &str, autograd: bool, shared: bool| {
@@ -414,6 +458,20 @@ fn main() {
             "linreg_autograd_step_us",
             "linreg step (autograd)",
             linreg_autograd_us,
+            3,
+            "us",
+        ),
+        (
+            "conv2d_fwd_bwd_us",
+            "conv2d [32,16,8,8] 3x3x32 fwd+bwd",
+            conv2d_us,
+            1,
+            "us",
+        ),
+        (
+            "cross_entropy_fwd_bwd_us",
+            "cross_entropy [32,10] fwd+bwd",
+            cross_entropy_us,
             3,
             "us",
         ),

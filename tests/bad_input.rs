@@ -328,7 +328,7 @@ fn mismatched_shapes_and_dtypes() {
     fails!(m, t.try_neg(), UnsupportedDType { .. });
     fails!(m, i.try_exp(), UnsupportedDType { .. });
     fails!(m, i.try_softmax(0), UnsupportedDType { .. });
-    fails!(m, a.try_one_hot(3), UnsupportedDType { .. });
+    fails!(m, a.try_one_hot(3, DType::F32), UnsupportedDType { .. });
     fails!(m, a.try_where_(a, a), UnsupportedDType { .. });
     fails!(m, a.to_vec::<f64>(), ElementType { .. });
     fails!(m, a.to_vec::<bool>(), ElementType { .. });
@@ -376,9 +376,9 @@ fn invalid_axes_and_indices() {
     fails!(m, a.try_get("0:1:0"), Index { .. });
     fails!(m, a.try_set("5", 1.0), Index { .. });
     fails!(m, a.to_scalar::<f32>(), Index { .. });
-    fails!(m, labels.try_one_hot(3), Index { .. });
+    fails!(m, labels.try_one_hot(3, DType::F32), Index { .. });
     let negative = labels - 1;
-    fails!(m, negative.try_one_hot(6), Index { .. });
+    fails!(m, negative.try_one_hot(6, DType::F32), Index { .. });
     m.close();
 }
 
@@ -569,7 +569,11 @@ fn overflowing_and_huge_shapes() {
     let a = m.ones([2], DType::F32);
     fails!(m, a.try_reshape([huge, 4]), InvalidShape { .. });
     fails!(m, a.try_broadcast_to([huge, 4, 2]), InvalidShape { .. });
-    fails!(m, a.try_one_hot(usize::MAX), UnsupportedDType { .. });
+    fails!(
+        m,
+        a.try_one_hot(usize::MAX, DType::F32),
+        UnsupportedDType { .. }
+    );
     // 2^61 bytes: fits in isize but in no machine's address space.
     let too_big = 1usize << 59;
     fails!(m, m.try_zeros([too_big], DType::F32), OutOfMemory { .. });
@@ -586,7 +590,11 @@ fn overflowing_and_huge_shapes() {
     fails!(m, m.try_eye(1 << 29, DType::F64), OutOfMemory { .. });
     fails!(m, a.try_broadcast_to([too_big, 2]), OutOfMemory { .. });
     let labels = m.create(&[0i64], [1]);
-    fails!(m, labels.try_one_hot(too_big), OutOfMemory { .. });
+    fails!(
+        m,
+        labels.try_one_hot(too_big, DType::F32),
+        OutOfMemory { .. }
+    );
     m.close();
 }
 

@@ -114,25 +114,28 @@ fn softmax_errors() {
 fn one_hot_encodes_indices() {
     let m = NDManager::new();
     let y = m.create(&[0i32, 2, 1, 2], [2, 2]);
-    let o = y.one_hot(3);
+    let o = y.one_hot(3, DType::F32);
     assert_eq!(o.dtype(), DType::F32);
     assert_eq!(o.shape().dims(), &[2, 2, 3]);
     assert_eq!(
         o.to_vec::<f32>().unwrap(),
         vec![1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
     );
-    let u = m.create(&[1u8], [1]).one_hot(2);
+    let u = m.create(&[1u8], [1]).one_hot(2, DType::F32);
     assert_eq!(u.to_vec::<f32>().unwrap(), vec![0.0, 1.0]);
     let bad = m.create(&[0i64, 3], [2]);
     assert!(matches!(
-        bad.try_one_hot(3),
+        bad.try_one_hot(3, DType::F32),
         Err(NdError::Index { op: "one_hot", .. })
     ));
     let neg = m.create(&[-1i64], [1]);
-    assert!(matches!(neg.try_one_hot(3), Err(NdError::Index { .. })));
+    assert!(matches!(
+        neg.try_one_hot(3, DType::F32),
+        Err(NdError::Index { .. })
+    ));
     let f = m.zeros([2], DType::F32);
     assert!(matches!(
-        f.try_one_hot(3),
+        f.try_one_hot(3, DType::F32),
         Err(NdError::UnsupportedDType { .. })
     ));
     m.close();
@@ -215,7 +218,7 @@ fn ops_allocate_only_their_result() {
     let _ = x.log_softmax(0);
     let _ = x.clip(-0.5, 0.5);
     let _ = x.gt(0.0).where_(x, x);
-    let _ = m.create(&[1i64, 2], [2]).one_hot(4);
+    let _ = m.create(&[1i64, 2], [2]).one_hot(4, DType::F32);
     // One array per op call (the comparison and `create` included), no temporaries.
     assert_eq!(m.memory().live_arrays, before + 7);
     m.close();
