@@ -117,7 +117,7 @@ fn load_into_impl<S: AsRef<str>>(path: &Path, named: &[(S, NDArray)]) -> Result<
         engine::run_inplace(a.id, &[], |mut t, _| {
             let layout = t.layout.clone();
             let b = t.dtype == crate::DType::Bool;
-            dispatch!(t.dtype, T => write_rows::<T>(t.split_mut::<T>().0, &layout, e.data, b));
+            dispatch!(t.dtype, T => write_rows::<T>(t.data_mut::<T>(), &layout, e.data, b));
             Ok(())
         })?;
     }

@@ -334,7 +334,7 @@ impl Init {
         engine::run_inplace(a.id, &[], |mut t, _| {
             let lt = t.layout.clone();
             dispatch_float!(t.dtype, T => {
-                let dst = t.split_mut::<T>().0;
+                let dst = t.data_mut::<T>();
                 let mut next = 0usize;
                 for_each_row(lt.shape.dims(), [&lt.strides], [lt.offset], |off, len, s| {
                     for i in 0..len as isize {

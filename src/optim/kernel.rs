@@ -88,7 +88,7 @@ pub(crate) fn update(
         let lt = t.layout.clone();
         dispatch_float!(t.dtype, T => {
             zip3_inplace::<T>(
-                t.split_mut::<T>().0,
+                t.data_mut::<T>(),
                 &lt,
                 o[0].data::<T>(),
                 o[0].layout,

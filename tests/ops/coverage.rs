@@ -121,6 +121,49 @@ fn table() -> Vec<(&'static str, Kind)> {
         ("boolean_mask", Grad(|_, x| x.boolean_mask(x.gt(0.4)))),
         ("masked_fill", Grad(|_, x| x.masked_fill(x.gt(0.6), 0.0))),
         ("dropout", Grad(|_, x| x.dropout(0.5, true) + x)),
+        (
+            "conv2d",
+            Grad(|m, x| {
+                let w = m.ones([2, 1, 2, 2], DType::F64);
+                x.reshape([1, 1, 2, 3])
+                    .conv2d(w, None, [1, 1], [0, 0], [1, 1], 1)
+            }),
+        ),
+        (
+            "max_pool2d",
+            Grad(|_, x| x.reshape([1, 1, 2, 3]).max_pool2d([2, 2], [1, 1], [0, 0])),
+        ),
+        (
+            "avg_pool2d",
+            Grad(|_, x| x.reshape([1, 1, 2, 3]).avg_pool2d([2, 2], [1, 1], [0, 0])),
+        ),
+        (
+            "layer_norm",
+            Grad(|_, x| x.layer_norm(&[-1], None, None, 1e-5) * x),
+        ),
+        (
+            "batch_norm",
+            Grad(|m, x| {
+                let (mean, var) = (m.zeros([3], DType::F64), m.ones([3], DType::F64));
+                x.batch_norm(mean, var, None, None, true, 0.1, 1e-5) * x
+            }),
+        ),
+        (
+            "embedding",
+            Grad(|m, x| x.embedding(ids(m, &[1, 0, 1], &[3]))),
+        ),
+        (
+            "cross_entropy",
+            Grad(|m, x| x.cross_entropy(ids(m, &[2, 0], &[2]))),
+        ),
+        (
+            "mse_loss",
+            Grad(|m, x| x.mse_loss(m.zeros([2, 3], DType::F64))),
+        ),
+        (
+            "binary_cross_entropy_with_logits",
+            Grad(|m, x| x.binary_cross_entropy_with_logits(m.ones([2, 3], DType::F64))),
+        ),
         // Not differentiable: Bool, integer or constant results.
         ("eq", NoGrad),
         ("ne", NoGrad),
