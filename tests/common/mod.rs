@@ -1,9 +1,12 @@
-//! Helpers shared by the test binaries (`#[path = "../common/mod.rs"] mod common;` or
-//! `mod common;` from a top-level test file). Not every binary uses every helper.
+//! Helpers shared by the test binaries (`#[path = "../common/mod.rs"] mod common;` from
+//! a test directory's `main.rs`, or `mod common;` from a top-level test file). Not every
+//! binary uses every helper.
 #![allow(dead_code)]
 
-use ndscope::{GradientCollector, NDArray, NDManager};
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use ndscope::{DType, GradientCollector, NDArray, NDManager, NDScope, SourceLocation};
+use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, Location, catch_unwind};
+use std::sync::{Mutex, MutexGuard, Once};
 
 /// Live (arrays, buffers, bytes) of manager `m`.
 pub fn counts(m: &NDManager) -> (usize, usize, usize) {
@@ -11,18 +14,55 @@ pub fn counts(m: &NDManager) -> (usize, usize, usize) {
     (s.live_arrays, s.live_buffers, s.live_bytes)
 }
 
-/// Live (arrays, buffers, bytes) of the whole process.
+/// Live (arrays, bytes) of manager `m`.
+pub fn arrays_bytes(m: &NDManager) -> (usize, usize) {
+    let s = m.memory();
+    (s.live_arrays, s.live_bytes)
+}
+
+/// Live (arrays, buffers, bytes) of the whole process. Only meaningful where no other
+/// test runs at the same time: in a binary of its own, or under [`serial`].
 pub fn counters() -> (usize, usize, usize) {
     let s = ndscope::memory();
     (s.live_arrays, s.live_buffers, s.live_bytes)
 }
 
-/// Run `f`, which must panic (quietly), and return the panic message.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// One lock per test binary: the tests that hold it run one at a time (tests of a binary
+/// otherwise run in parallel threads). A test that panicked while holding it does not
+/// poison it for the others.
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+thread_local! {
+    /// This thread expects a panic: the hook stays quiet.
+    static EXPECTING_PANIC: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Installs (once per process) a panic hook that is silent for panics provoked on purpose
+/// by [`expect_panic`] on the panicking thread, and prints every other one. Setting and
+/// restoring the hook around each call instead would race between parallel tests and
+/// could leave the process silenced.
+pub fn install_quiet_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !EXPECTING_PANIC.with(Cell::get) {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// Run `f`, which must panic on this thread (quietly), and return the panic message.
 pub fn expect_panic(f: impl FnOnce()) -> String {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    install_quiet_hook();
+    let was = EXPECTING_PANIC.with(|c| c.replace(true));
     let r = catch_unwind(AssertUnwindSafe(f));
-    std::panic::set_hook(hook);
+    EXPECTING_PANIC.with(|c| c.set(was));
     let payload = r.expect_err("expected a panic");
     payload
         .downcast_ref::<String>()
@@ -123,4 +163,84 @@ pub fn gradcheck_at(shapes: &[&[usize]], data: Vec<Vec<f64>>, f: impl Fn(&[NDArr
         }
     }
     m.close();
+}
+
+/// `a`'s elements as f32 (panics on an error).
+pub fn f32s(a: NDArray) -> Vec<f32> {
+    a.to_vec::<f32>().unwrap()
+}
+
+/// 0..n as f32 in `shape`.
+pub fn iota(m: &NDManager, shape: &[usize]) -> NDArray {
+    let n: usize = shape.iter().product();
+    m.arange(0.0, n as f64, 1.0, DType::F32).reshape(shape)
+}
+
+/// The environment variable `name` as a number, else `default`.
+pub fn env_or(name: &str, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The broadcast shape of `a` and `b` (numpy's rules), or `None` if they do not broadcast.
+pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let get = |s: &[usize], i: usize| {
+        if i < n - s.len() {
+            1
+        } else {
+            s[i - (n - s.len())]
+        }
+    };
+    (0..n)
+        .map(|i| match (get(a, i), get(b, i)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The flat index into an array of shape `s` broadcast to `out` at flat output index `o`.
+pub fn bindex(out: &[usize], s: &[usize], mut o: usize) -> usize {
+    let (mut idx, mut stride) = (0, 1);
+    for k in (0..out.len()).rev() {
+        let c = o % out[k];
+        o /= out[k];
+        let Some(j) = (k + s.len()).checked_sub(out.len()) else {
+            continue;
+        };
+        if s[j] != 1 {
+            idx += c * stride;
+        }
+        stride *= s[j];
+    }
+    idx
+}
+
+/// Open a scope at one of three source lines, so that close reasons tell them apart
+/// (the model-based tests).
+pub fn open_scope(site: u8) -> NDScope {
+    match site % 3 {
+        0 => NDScope::new(),
+        1 => NDScope::new(),
+        _ => NDScope::new(),
+    }
+}
+
+/// `scope(|| (a * 2) + 1)`: the product is freed, the sum escapes. Returns the scope's
+/// location (the caller's, as `scope` records it), the product and the result.
+#[track_caller]
+pub fn tidy(a: NDArray) -> (SourceLocation, Option<NDArray>, ndscope::Result<NDArray>) {
+    let at = Location::caller();
+    let mut t_out = None;
+    let r = ndscope::scope(|| {
+        let t = a.try_mul(2.0)?;
+        t_out = Some(t);
+        t.try_add(1.0)
+    });
+    (at, t_out, r)
 }

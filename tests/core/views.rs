@@ -1,17 +1,8 @@
 //! Indexing views: `get` values (steps, negatives, ellipsis), `set`, shared storage and
 //! the lifetime of views against their base (docs/ownership.md rule 6).
 
-use ndscope::{DType, NDArray, NDManager, NDScope, NdError};
-
-fn f32s(a: NDArray) -> Vec<f32> {
-    a.to_vec::<f32>().unwrap()
-}
-
-/// 0..n as f32 in `shape`.
-fn iota(m: &NDManager, shape: &[usize]) -> NDArray {
-    let n: usize = shape.iter().product();
-    m.arange(0.0, n as f64, 1.0, DType::F32).reshape(shape)
-}
+use crate::common::{f32s, iota};
+use ndscope::{DType, NDManager, NDScope, NdError};
 
 #[test]
 fn get_integers_and_slices() {

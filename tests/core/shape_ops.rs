@@ -1,19 +1,10 @@
 //! Shape ops: values against hand-computed results, view/copy behaviour, errors.
 
+use crate::common::{f32s, iota};
 use ndscope::{DType, NDArray, NDManager, NdError};
-
-fn f32s(a: NDArray) -> Vec<f32> {
-    a.to_vec::<f32>().unwrap()
-}
 
 fn i32s(a: NDArray) -> Vec<i32> {
     a.to_vec::<i32>().unwrap()
-}
-
-/// 0..n as f32 in `shape`.
-fn iota(m: &NDManager, shape: &[usize]) -> NDArray {
-    let n: usize = shape.iter().product();
-    m.arange(0.0, n as f64, 1.0, DType::F32).reshape(shape)
 }
 
 /// Rule 6 (docs/ownership.md): reshaping a contiguous array makes a view (no new buffer).

@@ -1,5 +1,6 @@
 //! Property test: broadcasting arithmetic against a naive reference, every dtype.
 
+use crate::common::broadcast;
 use ndscope::{DType, NDManager};
 use proptest::prelude::*;
 
@@ -30,25 +31,6 @@ fn shapes() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
     })
 }
 
-fn broadcast(a: &[usize], b: &[usize]) -> Vec<usize> {
-    let n = a.len().max(b.len());
-    (0..n)
-        .map(|i| {
-            let da = if i < n - a.len() {
-                1
-            } else {
-                a[i - (n - a.len())]
-            };
-            let db = if i < n - b.len() {
-                1
-            } else {
-                b[i - (n - b.len())]
-            };
-            da.max(db)
-        })
-        .collect()
-}
-
 /// Naive reference: index each operand by the broadcast multi-index.
 fn reference(
     a: &[f64],
@@ -57,7 +39,7 @@ fn reference(
     sb: &[usize],
     f: impl Fn(f64, f64) -> f64,
 ) -> Vec<f64> {
-    let out = broadcast(sa, sb);
+    let out = broadcast(sa, sb).expect("the shapes broadcast");
     let n: usize = out.iter().product();
     let at = |v: &[f64], s: &[usize], idx: &[usize]| {
         let off = out.len() - s.len();

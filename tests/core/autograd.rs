@@ -1,28 +1,13 @@
 //! GradientCollector: the tape's lifetime inside and around scopes, gradient handles,
 //! zeroing and accumulation.
-
 //!
-//! Collectors zero the gradients of every parameter in the process (as DJL does), so
-//! each test takes a lock to keep parallel tests from zeroing each other's gradients.
+//! The tests take `common::serial()`, one at a time: they were written when a collector
+//! zeroed the gradients of every parameter in the process (as DJL does). A collector now
+//! zeroes and records only its own thread's parameters; the lock is kept as cheap
+//! insurance (the tests are fast).
 
+use crate::common::{counts, f32s, serial};
 use ndscope::{DType, GradientCollector, NDManager, NDScope, NdError};
-use std::sync::{Mutex, MutexGuard};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Live arrays, buffers and bytes of `m` (not peak or allocation counts).
-fn live(m: &NDManager) -> (usize, usize, usize) {
-    let s = m.memory();
-    (s.live_arrays, s.live_buffers, s.live_bytes)
-}
-
-fn vals(a: ndscope::NDArray) -> Vec<f32> {
-    a.to_vec::<f32>().unwrap()
-}
 
 #[test]
 fn simple_gradient() -> Result<(), NdError> {
@@ -34,7 +19,7 @@ fn simple_gradient() -> Result<(), NdError> {
         let gc = GradientCollector::new();
         gc.backward(x.matmul(w).square().sum())?;
     }
-    assert_eq!(vals(w.gradient()), vec![66.0, 88.0]);
+    assert_eq!(f32s(w.gradient()), vec![66.0, 88.0]);
     assert!(w.requires_gradient());
     assert!(!x.requires_gradient());
     assert!(x.try_gradient().is_err());
@@ -71,7 +56,7 @@ fn non_scalar_loss_is_summed() -> Result<(), NdError> {
         let gc = GradientCollector::new();
         gc.backward(w * w)?; // d sum(w^2) = 2w
     }
-    assert_eq!(vals(w.gradient()), vec![2.0, 4.0, 6.0]);
+    assert_eq!(f32s(w.gradient()), vec![2.0, 4.0, 6.0]);
     m.close();
     Ok(())
 }
@@ -85,16 +70,16 @@ fn zeroed_by_new_collector_accumulated_by_accumulating() -> Result<(), NdError> 
         let gc = GradientCollector::new();
         gc.backward((w * 3.0).sum())?;
     }
-    assert_eq!(vals(w.gradient()), vec![3.0, 3.0]);
+    assert_eq!(f32s(w.gradient()), vec![3.0, 3.0]);
     {
         let _gc = GradientCollector::new(); // zeroes at start, even without backward
-        assert_eq!(vals(w.gradient()), vec![0.0, 0.0]);
+        assert_eq!(f32s(w.gradient()), vec![0.0, 0.0]);
     }
     for _ in 0..3 {
         let gc = GradientCollector::accumulating();
         gc.backward((w * 3.0).sum())?;
     }
-    assert_eq!(vals(w.gradient()), vec![9.0, 9.0]);
+    assert_eq!(f32s(w.gradient()), vec![9.0, 9.0]);
     m.close();
     Ok(())
 }
@@ -116,7 +101,7 @@ fn scope_closed_between_forward_and_backward() -> Result<(), NdError> {
     let m = NDManager::new();
     let w = m.create(&[0.5f32, -1.0], [2]).set_requires_gradient(true);
     let x = m.create(&[2.0f32, 3.0], [2]);
-    let baseline = live(&m);
+    let baseline = counts(&m);
     {
         let gc = GradientCollector::new();
         let loss = {
@@ -133,9 +118,9 @@ fn scope_closed_between_forward_and_backward() -> Result<(), NdError> {
         assert_eq!(m.memory().live_arrays, baseline.0 + 1);
         assert!(loss.release());
     }
-    assert_eq!(live(&m), baseline);
+    assert_eq!(counts(&m), baseline);
     // d/dw sum(exp(x w)) = x exp(x w)
-    let g = vals(w.gradient());
+    let g = f32s(w.gradient());
     let expect = [2.0 * (1.0f32).exp(), 3.0 * (-3.0f32).exp()];
     for (a, b) in g.iter().zip(expect) {
         assert!((a - b).abs() < 1e-5, "{a} vs {b}");
@@ -150,7 +135,7 @@ fn collector_dropped_without_backward() {
     let _serial = serial();
     let m = NDManager::new();
     let w = m.create(&[0.5f32, -1.0], [2]).set_requires_gradient(true);
-    let baseline = live(&m);
+    let baseline = counts(&m);
     {
         let gc = GradientCollector::new();
         {
@@ -160,7 +145,7 @@ fn collector_dropped_without_backward() {
         assert!(gc.tape_len() >= 3);
         assert!(m.memory().live_arrays > baseline.0);
     }
-    assert_eq!(live(&m), baseline);
+    assert_eq!(counts(&m), baseline);
     m.close();
 }
 
@@ -171,15 +156,15 @@ fn collector_inside_scope_and_scope_inside_collector() -> Result<(), NdError> {
     let _serial = serial();
     let m = NDManager::new();
     let w = m.create(&[1.0f32, 2.0], [2]).set_requires_gradient(true);
-    let baseline = live(&m);
+    let baseline = counts(&m);
     for _ in 0..10 {
         let _s = NDScope::new();
         let gc = GradientCollector::new();
         let l = ndscope::scope(|| (w * w * 0.5).sum()); // escapes into _s
         gc.backward(l)?;
     }
-    assert_eq!(live(&m), baseline);
-    assert_eq!(vals(w.gradient()), vec![1.0, 2.0]);
+    assert_eq!(counts(&m), baseline);
+    assert_eq!(f32s(w.gradient()), vec![1.0, 2.0]);
     // The loss escaped out of every scope is not freed by the tape.
     let l = {
         let gc = GradientCollector::new();
@@ -189,7 +174,7 @@ fn collector_inside_scope_and_scope_inside_collector() -> Result<(), NdError> {
     };
     assert!(!l.is_closed());
     l.close();
-    assert_eq!(live(&m), baseline);
+    assert_eq!(counts(&m), baseline);
     m.close();
     Ok(())
 }
@@ -223,7 +208,7 @@ fn inplace_on_recorded_param_is_an_error() -> Result<(), NdError> {
     gc.backward(l)?;
     w.try_subi(w.gradient())?; // the tape is empty again: allowed
     drop(gc);
-    assert_eq!(vals(w), vec![-1.0, 0.0]);
+    assert_eq!(f32s(w), vec![-1.0, 0.0]);
     m.close();
     Ok(())
 }
@@ -244,14 +229,14 @@ fn backward_of_untracked_loss_is_an_error() {
 fn gradient_dies_with_its_parameter() {
     let _serial = serial();
     let m = NDManager::new();
-    let baseline = live(&m);
+    let baseline = counts(&m);
     let g = {
         let _s = NDScope::new();
         let w = m.zeros([4], DType::F32).set_requires_gradient(true);
         w.gradient()
     };
     assert!(g.is_closed());
-    assert_eq!(live(&m), baseline);
+    assert_eq!(counts(&m), baseline);
     let w = m.zeros([4], DType::F32).set_requires_gradient(true);
     let g = w.gradient();
     w.set_requires_gradient(false);
@@ -288,7 +273,7 @@ fn inplace_write_of_a_tracked_value_is_an_error() -> Result<(), NdError> {
         z.get("0:2").try_muli(w),
         Err(NdError::InvalidArgument { op: "mul", .. })
     ));
-    assert_eq!(vals(z), vec![0.0; 3], "nothing was written");
+    assert_eq!(f32s(z), vec![0.0; 3], "nothing was written");
     // The panicking form panics with the error's message.
     let msg = std::panic::catch_unwind(|| z.set("0:2", v))
         .unwrap_err()
@@ -307,12 +292,12 @@ fn inplace_write_of_a_tracked_value_is_an_error() -> Result<(), NdError> {
     p.try_set(":", w)?;
     let loss = (w * z.get("0:2")).sum();
     gc.backward(loss)?;
-    assert_eq!(vals(w.gradient()), vec![5.0, 6.0]);
+    assert_eq!(f32s(w.gradient()), vec![5.0, 6.0]);
     drop(gc);
     // Without a collector nothing is recorded and the write is allowed.
     z.set("0:2", w * 2.0);
-    assert_eq!(vals(z), vec![2.0, 4.0, 7.0]);
-    assert_eq!(vals(p), vec![1.0, 2.0]);
+    assert_eq!(f32s(z), vec![2.0, 4.0, 7.0]);
+    assert_eq!(f32s(p), vec![1.0, 2.0]);
     m.close();
     Ok(())
 }

@@ -7,36 +7,11 @@
 //! freed.
 //!
 //! Tests run in parallel threads of one process, so counters are taken from a manager
-//! each test created (`m.memory()`).
+//! each test created (`m.memory()`; `fails!` and `counts` in `tests/common`).
 
+use crate::common::counts;
+use crate::fails;
 use ndscope::{DType, NDArray, NDManager, NDScope, NdError};
-
-/// (live arrays, buffers, bytes) of `m`'s subtree.
-fn counts(m: &NDManager) -> (usize, usize, usize) {
-    let s = m.memory();
-    (s.live_arrays, s.live_buffers, s.live_bytes)
-}
-
-/// `$e` fails with an error matching `$p`, and `$m`'s counters do not change.
-macro_rules! fails {
-    ($m:expr, $e:expr, $p:pat) => {{
-        let before = counts(&$m);
-        let r = $e;
-        assert!(
-            matches!(r, Err($p)),
-            "{}: expected {}, got {:?}",
-            stringify!($e),
-            stringify!($p),
-            r
-        );
-        assert_eq!(
-            counts(&$m),
-            before,
-            "{} changed the counters",
-            stringify!($e)
-        );
-    }};
-}
 
 /// Every fallible array function, as closures over (the array under test, a good array
 /// of the same shape and dtype). Each returns `Err` for a closed array under test.
