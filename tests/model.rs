@@ -29,13 +29,16 @@
 //! Cases: `NDSCOPE_MODEL_CASES` (default 1200, under a minute in a debug build);
 //! steps per case: up to `NDSCOPE_MODEL_STEPS` (default 120).
 
+mod common;
+
+use common::{bindex, broadcast, counters, env_or, expect_panic, open_scope, tidy};
 use ndscope::{
     CloseReason, DType, GradientCollector, NDArray, NDManager, NDScope, NdError, SourceLocation,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use std::collections::{BTreeSet, HashSet};
-use std::panic::{AssertUnwindSafe, Location, catch_unwind};
+use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Model index of the system manager (never closed, never capped).
@@ -248,85 +251,6 @@ struct Model {
     /// Process-wide (arrays, buffers, bytes) before the case.
     base: (usize, usize, usize),
     base_sys: HashSet<NDArray>,
-}
-
-fn counters() -> (usize, usize, usize) {
-    let s = ndscope::memory();
-    (s.live_arrays, s.live_buffers, s.live_bytes)
-}
-
-/// Open a scope at one of three source lines, so that close reasons tell them apart.
-fn open_scope(site: u8) -> NDScope {
-    match site % 3 {
-        0 => NDScope::new(),
-        1 => NDScope::new(),
-        _ => NDScope::new(),
-    }
-}
-
-/// `scope(|| (a * 2) + 1)`: the product is freed, the sum escapes. Returns the scope's
-/// location (the caller's, as `scope` records it), the product and the result.
-#[track_caller]
-fn tidy(a: NDArray) -> (SourceLocation, Option<NDArray>, ndscope::Result<NDArray>) {
-    let at = Location::caller();
-    let mut t_out = None;
-    let r = ndscope::scope(|| {
-        let t = a.try_mul(2.0)?;
-        t_out = Some(t);
-        t.try_add(1.0)
-    });
-    (at, t_out, r)
-}
-
-/// Run `f`, which must panic; returns the panic message. The panic hook is silenced
-/// meanwhile.
-fn expect_panic(f: impl FnOnce()) -> String {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let r = catch_unwind(AssertUnwindSafe(f));
-    std::panic::set_hook(hook);
-    let payload = r.expect_err("expected a panic");
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
-}
-
-/// The flat index into an array of shape `s` broadcast to `out` at flat output index `o`.
-fn bindex(out: &[usize], s: &[usize], mut o: usize) -> usize {
-    let (mut idx, mut stride) = (0, 1);
-    for k in (0..out.len()).rev() {
-        let c = o % out[k];
-        o /= out[k];
-        let Some(j) = (k + s.len()).checked_sub(out.len()) else {
-            continue;
-        };
-        if s[j] != 1 {
-            idx += c * stride;
-        }
-        stride *= s[j];
-    }
-    idx
-}
-
-fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
-    let n = a.len().max(b.len());
-    let get = |s: &[usize], i: usize| {
-        if i < n - s.len() {
-            1
-        } else {
-            s[i - (n - s.len())]
-        }
-    };
-    (0..n)
-        .map(|i| match (get(a, i), get(b, i)) {
-            (x, y) if x == y => Some(x),
-            (1, y) => Some(y),
-            (x, 1) => Some(x),
-            _ => None,
-        })
-        .collect()
 }
 
 impl Model {
@@ -1328,13 +1252,6 @@ fn run_case(actions: &[Action]) {
     }
     model.finish();
     CASES.fetch_add(1, Ordering::Relaxed);
-}
-
-fn env_or(name: &str, default: u32) -> u32 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// Rules 1-8 (docs/ownership.md), and the scope parts of rules 9 and 11, against a

@@ -7,6 +7,9 @@
 //! Alone in its file so that the process-wide counters are this test's. Duration:
 //! `NDSCOPE_STRESS_SECS` (default 5).
 
+mod common;
+
+use common::counters;
 use ndscope::{DType, NDArray, NDManager, NDScope};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
@@ -19,11 +22,6 @@ struct Msg {
     array: NDArray,
     retained: bool,
     value: f32,
-}
-
-fn counters() -> (usize, usize, usize) {
-    let s = ndscope::memory();
-    (s.live_arrays, s.live_buffers, s.live_bytes)
 }
 
 /// Use and free a received array.

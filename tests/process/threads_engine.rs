@@ -10,85 +10,34 @@
 //!   while another thread uses it; a shared read-only data set; scopes holding arrays
 //!   made on other threads.
 //!
-//! The tests of this binary check the process-wide counters (`ndscope::memory()`), so
-//! they run one at a time (`serial()`), each with its own threads inside.
+//! These tests check the process-wide counters (`ndscope::memory()`), so they run one at
+//! a time (`common::serial()`, as every test of this binary), each with its own threads
+//! inside.
 //!
 //! Cases of the model test: `NDSCOPE_MODEL_CASES` (default 400, about 6 s in a debug
 //! build); steps per case: up to `NDSCOPE_MODEL_STEPS` (default 100).
 //! `NDSCOPE_THREADS_SCALE` scales the iteration counts of the other tests, in percent
 //! (default 100; `.ci/valgrind` uses 20).
 
+use crate::common::{bindex, broadcast, counters, env_or, expect_panic, open_scope, serial, tidy};
 use ndscope::{
     CloseReason, DType, GradientCollector, NDArray, NDManager, NDScope, NdError, SourceLocation,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use std::cell::Cell;
 use std::collections::{BTreeSet, HashSet};
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel, sync_channel};
-use std::sync::{Barrier, Mutex, MutexGuard, Once};
+use std::sync::{Barrier, Mutex};
 use std::thread::JoinHandle;
 
 // ==================================================================== shared helpers
-
-/// The tests of this binary compare process-wide counters: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    install_quiet_hook();
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn counters() -> (usize, usize, usize) {
-    let s = ndscope::memory();
-    (s.live_arrays, s.live_buffers, s.live_bytes)
-}
-
-fn env_or(name: &str, default: u32) -> u32 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Iteration counts of the non-model tests, scaled by `NDSCOPE_THREADS_SCALE` percent
 /// (at least 1).
 fn iters(n: usize) -> usize {
     (n * env_or("NDSCOPE_THREADS_SCALE", 100) as usize / 100).max(1)
-}
-
-thread_local! {
-    /// This thread expects a panic: the hook stays quiet.
-    static EXPECTING_PANIC: Cell<bool> = const { Cell::new(false) };
-}
-
-/// A panic hook that is silent for panics a test provokes on purpose (on any thread)
-/// and prints every other one.
-fn install_quiet_hook() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if !EXPECTING_PANIC.with(Cell::get) {
-                default(info);
-            }
-        }));
-    });
-}
-
-/// Run `f`, which must panic on this thread; returns the panic message.
-fn expect_panic(f: impl FnOnce()) -> String {
-    EXPECTING_PANIC.with(|c| c.set(true));
-    let r = catch_unwind(AssertUnwindSafe(f));
-    EXPECTING_PANIC.with(|c| c.set(false));
-    let payload = r.expect_err("expected a panic");
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
 }
 
 /// `h.close()`, returning the location the engine records for it.
@@ -362,65 +311,6 @@ struct Model<'p> {
     stacks: [Vec<usize>; WORKERS],
     base: (usize, usize, usize),
     base_sys: HashSet<NDArray>,
-}
-
-/// Open a scope at one of three source lines, so that close reasons tell them apart.
-fn open_scope(site: u8) -> NDScope {
-    match site % 3 {
-        0 => NDScope::new(),
-        1 => NDScope::new(),
-        _ => NDScope::new(),
-    }
-}
-
-/// `scope(|| (a * 2) + 1)`: the product is freed, the sum escapes. Returns the scope's
-/// location (the caller's, as `scope` records it), the product and the result.
-#[track_caller]
-fn tidy(a: NDArray) -> (SourceLocation, Option<NDArray>, ndscope::Result<NDArray>) {
-    let at = Location::caller();
-    let mut t_out = None;
-    let r = ndscope::scope(|| {
-        let t = a.try_mul(2.0)?;
-        t_out = Some(t);
-        t.try_add(1.0)
-    });
-    (at, t_out, r)
-}
-
-/// The flat index into an array of shape `s` broadcast to `out` at flat output index `o`.
-fn bindex(out: &[usize], s: &[usize], mut o: usize) -> usize {
-    let (mut idx, mut stride) = (0, 1);
-    for k in (0..out.len()).rev() {
-        let c = o % out[k];
-        o /= out[k];
-        let Some(j) = (k + s.len()).checked_sub(out.len()) else {
-            continue;
-        };
-        if s[j] != 1 {
-            idx += c * stride;
-        }
-        stride *= s[j];
-    }
-    idx
-}
-
-fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
-    let n = a.len().max(b.len());
-    let get = |s: &[usize], i: usize| {
-        if i < n - s.len() {
-            1
-        } else {
-            s[i - (n - s.len())]
-        }
-    };
-    (0..n)
-        .map(|i| match (get(a, i), get(b, i)) {
-            (x, y) if x == y => Some(x),
-            (1, y) => Some(y),
-            (x, 1) => Some(x),
-            _ => None,
-        })
-        .collect()
 }
 
 impl<'p> Model<'p> {

@@ -1,11 +1,13 @@
-//! Verbose mode records backtraces at creation and close. Alone in its file because the
-//! switch is process-wide.
+//! Verbose mode records backtraces at creation and close. In this binary, one test at a
+//! time, because the switch is process-wide.
 
+use crate::common::serial;
 use ndscope::{DType, NDManager, NDScope, NdError};
 
 /// Rule 7 (docs/ownership.md): verbose mode adds backtraces of the creation and the close.
 #[test]
 fn verbose_mode_adds_two_backtraces() {
+    let _serial = serial();
     ndscope::config::set_verbose(true);
     assert!(ndscope::config::verbose());
     let m = NDManager::new();

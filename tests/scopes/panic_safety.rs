@@ -3,17 +3,13 @@
 //! on that thread and on others, with counters at their baseline.
 //!
 //! Tests run in parallel threads of one process, so counters are taken from a manager
-//! each test created (`m.memory()`).
+//! each test created (`m.memory()`, `common::counts`).
 
+use crate::common::counts;
 use ndscope::{DType, Escape, NDArray, NDManager, NDScope, Resource};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc;
 use std::time::Duration;
-
-fn counts(m: &NDManager) -> (usize, usize, usize) {
-    let s = m.memory();
-    (s.live_arrays, s.live_buffers, s.live_bytes)
-}
 
 fn quiet<R>(f: impl FnOnce() -> R) -> std::thread::Result<R> {
     catch_unwind(AssertUnwindSafe(f))
@@ -98,6 +94,7 @@ fn panic_inside_scope_inside_another_thread_leaves_others_working() {
 
 /// A resource whose close panics, attached to a scope and a manager.
 struct Bomb;
+
 impl Resource for Bomb {
     fn close(&mut self) {
         panic!("resource close failed");
@@ -106,6 +103,7 @@ impl Resource for Bomb {
 
 /// Counts its closes.
 struct Counted(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
 impl Resource for Counted {
     fn close(&mut self) {
         self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -152,6 +150,7 @@ fn panicking_resource_close_frees_arrays_first() {
 
 /// A user `Escape` impl that panics while `scope` collects the returned arrays.
 struct PanickyReturn(NDArray);
+
 impl Escape for PanickyReturn {
     fn visit_arrays(&self, f: &mut dyn FnMut(NDArray)) {
         f(self.0);
@@ -176,6 +175,7 @@ fn panicking_escape_impl_frees_the_scope() {
 /// A user `Escape` impl that uses the library (here: skips closed arrays) must not
 /// deadlock: user code never runs under the engine lock.
 struct CheckingReturn(NDArray);
+
 impl Escape for CheckingReturn {
     fn visit_arrays(&self, f: &mut dyn FnMut(NDArray)) {
         if !self.0.is_closed() {

@@ -1,12 +1,15 @@
 //! docs/ownership.md rule 8: a closed sub-manager is forgotten by its parent at once,
-//! however many are created and closed. Alone in its file so that no other test (a panic
-//! loading debug info, say) disturbs the process's resident memory.
+//! however many are created and closed. In this binary, one test at a time, so that no
+//! other test (a panic loading debug info, say) disturbs the process's resident memory
+//! or the system manager's children.
 
+use crate::common::serial;
 use ndscope::{DType, NDManager};
 
 /// Rule 8 (docs/ownership.md): closed sub-managers leave no entry and no memory behind.
 #[test]
 fn a_hundred_thousand_sub_managers_leave_nothing_behind() {
+    let _serial = serial();
     let root = NDManager::new();
     let system_children = NDManager::system().children().len();
     // Warm up so that allocator pools and registry tables reach their working size.

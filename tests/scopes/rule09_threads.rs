@@ -1,17 +1,70 @@
-//! Scopes under panics and threads (docs/ownership.md rule 9): a panic unwinding through a
-//! scope frees its arrays and leaves the thread's scope stack consistent; scopes are per
-//! thread while arrays and managers are shared between threads.
-//!
-//! Tests in this file run in parallel threads of one process, so every count is taken
-//! from a manager the test created itself (`m.memory()`), never the global counters.
+//! Rule 9 (docs/ownership.md): scopes belong to a thread and close in LIFO order (an
+//! outer close closes the inner ones); a panic unwinding through a scope frees its arrays
+//! and leaves the thread's scope stack consistent; arrays and managers are `Send + Sync`
+//! and shared between threads (and the "Threads" section: reads never see a torn
+//! in-place write).
 
+use crate::T1D;
+use crate::common::arrays_bytes;
 use ndscope::{DType, NDArray, NDManager, NDScope};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-/// (live arrays, live bytes) of `m`'s subtree.
-fn counts(m: &NDManager) -> (usize, usize) {
-    let s = m.memory();
-    (s.live_arrays, s.live_bytes)
+/// Rule 9 (docs/ownership.md).
+/// Dropping an outer guard first closes the inner scopes too; dropping the inner guard
+/// afterwards does nothing.
+#[test]
+fn dropping_the_outer_scope_first_closes_the_inner_ones() {
+    let m = NDManager::new();
+    let outer = NDScope::new();
+    let a = m.ones([3], DType::F32);
+    let inner = NDScope::new();
+    let b = m.ones([3], DType::F32);
+    let innermost = NDScope::new();
+    let c = m.ones([3], DType::F32);
+    assert_eq!(arrays_bytes(&m), (3, 3 * T1D));
+    drop(outer);
+    assert!(a.is_closed() && b.is_closed() && c.is_closed());
+    assert!(!inner.is_open() && !innermost.is_open());
+    assert_eq!(arrays_bytes(&m), (0, 0));
+    drop(inner);
+    drop(innermost);
+    // The thread has no open scope left: new arrays are registered nowhere.
+    let d = m.ones([3], DType::F32);
+    assert_eq!(d.ref_count(), 0);
+    let later = NDScope::new();
+    let e = m.ones([3], DType::F32);
+    assert_eq!(later.arrays(), vec![e]);
+    drop(later);
+    assert!(e.is_closed() && !d.is_closed());
+    assert_eq!(arrays_bytes(&m), (1, T1D));
+    m.close();
+}
+
+/// Rule 9 (docs/ownership.md): explicit closes in and out of LIFO order.
+#[test]
+fn explicit_close_in_and_out_of_order() {
+    let m = NDManager::new();
+    let outer = NDScope::new();
+    let a = m.ones([3], DType::F32);
+    let inner = NDScope::new();
+    let b = m.ones([3], DType::F32);
+    assert!(inner.is_open());
+    inner.close();
+    assert!(b.is_closed() && !a.is_closed());
+    // The outer scope is the innermost again.
+    let c = m.ones([3], DType::F32);
+    assert_eq!(outer.arrays(), vec![a, c]);
+    let inner2 = NDScope::new();
+    let d = m.ones([3], DType::F32);
+    assert!(format!("{inner2:?}").contains("opened at"));
+    outer.close();
+    assert!(a.is_closed() && c.is_closed() && d.is_closed());
+    assert!(!inner2.is_open());
+    assert_eq!(format!("{inner2:?}"), "NDScope(closed)");
+    assert!(inner2.opened_at().is_none());
+    inner2.close();
+    assert_eq!(arrays_bytes(&m), (0, 0));
+    m.close();
 }
 
 /// Rule 9 (docs/ownership.md): a panic through `scope` frees its arrays and keeps the scope
@@ -21,17 +74,17 @@ fn panic_inside_tidy_frees_its_arrays_and_keeps_the_stack_consistent() {
     let m = NDManager::new();
     let x = m.ones([2, 2], DType::F32);
     let outer = NDScope::new();
-    let before = counts(&m);
+    let before = arrays_bytes(&m);
     let r = catch_unwind(AssertUnwindSafe(|| {
         let _: () = ndscope::scope(|| {
             let t = x * 2.0;
             let _u = ndscope::scope(|| t + 1.0);
-            assert_eq!(counts(&m), (before.0 + 2, before.1 + 2 * 16));
+            assert_eq!(arrays_bytes(&m), (before.0 + 2, before.1 + 2 * 16));
             panic!("boom");
         });
     }));
     assert!(r.is_err());
-    assert_eq!(counts(&m), before);
+    assert_eq!(arrays_bytes(&m), before);
     assert!(outer.arrays().is_empty());
 
     // The outer scope is the innermost one again, and scopes work normally.
@@ -45,7 +98,7 @@ fn panic_inside_tidy_frees_its_arrays_and_keeps_the_stack_consistent() {
     assert_eq!(outer.arrays(), vec![y, z]);
     drop(outer);
     assert!(y.is_closed() && z.is_closed());
-    assert_eq!(counts(&m), (1, 16));
+    assert_eq!(arrays_bytes(&m), (1, 16));
     m.close();
 }
 
@@ -60,12 +113,12 @@ fn panic_through_nested_guards_without_an_outer_scope() {
         let _s2 = NDScope::new();
         b = Some(m.ones([4], DType::F64));
         let _s3 = NDScope::new();
-        assert_eq!(counts(&m), (2, 2 * 32));
+        assert_eq!(arrays_bytes(&m), (2, 2 * 32));
         panic!("boom");
     }));
     assert!(r.is_err());
     assert!(a.unwrap().is_closed() && b.unwrap().is_closed());
-    assert_eq!(counts(&m), (0, 0));
+    assert_eq!(arrays_bytes(&m), (0, 0));
     // No scope is open on this thread any more.
     let c = m.ones([4], DType::F64);
     assert_eq!(c.ref_count(), 0);
@@ -74,7 +127,7 @@ fn panic_through_nested_guards_without_an_outer_scope() {
         let d = c * 2.0;
         assert_eq!(s.arrays(), vec![d]);
     }
-    assert_eq!(counts(&m), (1, 32));
+    assert_eq!(arrays_bytes(&m), (1, 32));
     m.close();
 }
 
@@ -93,7 +146,7 @@ fn a_thread_that_panics_inside_a_scope_frees_its_arrays() {
         .join()
     });
     assert!(joined.is_err());
-    assert_eq!(counts(&m), (1, 32));
+    assert_eq!(arrays_bytes(&m), (1, 32));
     m.close();
 }
 
@@ -125,7 +178,7 @@ fn scopes_are_per_thread() {
     assert_eq!(b.ref_count(), 0);
     drop(s);
     assert!(a.is_closed() && !b.is_closed());
-    assert_eq!(counts(&m), (1, 12));
+    assert_eq!(arrays_bytes(&m), (1, 12));
     m.close();
 }
 
@@ -149,9 +202,9 @@ fn retained_array_handed_to_another_thread() {
     .unwrap();
     // `a * 2.0` was created on the worker thread with no scope: it is still live.
     assert!(freed && a.is_closed());
-    assert_eq!(counts(&m).0, 1);
+    assert_eq!(arrays_bytes(&m).0, 1);
     m.close();
-    assert_eq!(counts(&m), (0, 0));
+    assert_eq!(arrays_bytes(&m), (0, 0));
 }
 
 /// Rules 4, 8 and 9 (docs/ownership.md).
@@ -165,7 +218,7 @@ fn threads_share_a_manager_with_scoped_loops() {
     let m = NDManager::new();
     let x = m.create(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
     let big = m.ones([40_000], DType::F32);
-    let before = counts(&m);
+    let before = arrays_bytes(&m);
     let params: Vec<NDArray> = std::thread::scope(|t| {
         let handles: Vec<_> = (0..THREADS)
             .map(|k| {
@@ -199,7 +252,10 @@ fn threads_share_a_manager_with_scoped_loops() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     // Only each thread's parameter is left (in its sub-manager).
-    assert_eq!(counts(&m), (before.0 + THREADS, before.1 + THREADS * 16));
+    assert_eq!(
+        arrays_bytes(&m),
+        (before.0 + THREADS, before.1 + THREADS * 16)
+    );
     // Every thread ran the same computation: the parameters agree exactly.
     let first = params[0].to_vec::<f32>().unwrap();
     assert_eq!(first[0], 0.0, "x = 1 is a fixed point of the update");
@@ -208,8 +264,77 @@ fn threads_share_a_manager_with_scoped_loops() {
         assert_eq!(w.to_vec::<f32>().unwrap(), first);
         w.manager().close();
     }
-    assert_eq!(counts(&m), before);
+    assert_eq!(arrays_bytes(&m), before);
     assert_eq!(m.children().len(), 0, "closed sub-managers are forgotten");
     m.close();
-    assert_eq!(counts(&m), (0, 0));
+    assert_eq!(arrays_bytes(&m), (0, 0));
+}
+
+fn assert_send_sync<T: Send + Sync>() {}
+
+/// Rule 9 (docs/ownership.md): `NDArray` and `NDManager` are `Send + Sync`.
+#[test]
+fn handles_are_send_and_sync() {
+    assert_send_sync::<NDArray>();
+    assert_send_sync::<NDManager>();
+}
+
+/// Rules 1 and 9 (docs/ownership.md): threads share a manager, each with its own scopes,
+/// and send arrays back.
+#[test]
+fn shared_manager_used_by_many_threads() {
+    let m = NDManager::new();
+    let w = m.ones([4, 4], DType::F32);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let m = m.clone();
+            s.spawn(move || {
+                let local = m.new_sub_manager();
+                for i in 0..2000 {
+                    let _scope = NDScope::new();
+                    let x = local.full([4, 4], (t * i) as f64, DType::F32);
+                    let y = (x * w + 1.0) / 2.0;
+                    assert_eq!(y.manager(), local);
+                }
+                assert_eq!(local.memory().live_arrays, 0);
+                // An array created here and sent back to the parent thread.
+                local.full([2], t as f64, DType::F32).attach(&m)
+            });
+        }
+    });
+    // 1 (w) + 4 arrays sent back by the threads.
+    assert_eq!(m.memory().live_arrays, 5);
+    assert!(m.children().is_empty() || m.children().iter().all(|c| c.memory().live_arrays == 0));
+    m.close();
+    assert_eq!(m.memory().live_arrays, 0);
+}
+
+/// Threads (docs/ownership.md): a read concurrent with in-place writes sees one consistent
+/// state.
+#[test]
+fn concurrent_large_reads_and_in_place_writes() {
+    // Large ops read outside the engine lock; in-place writers must wait for them.
+    let m = NDManager::new();
+    let n = 1 << 18;
+    let src = m.ones([n], DType::F32);
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            for _ in 0..20 {
+                let _scope = NDScope::new();
+                let v = (src + 0.0).to_vec::<f32>().unwrap();
+                // Every element read in one op comes from one consistent state.
+                assert!(v.iter().all(|&x| x == v[0]), "torn read");
+            }
+        });
+        let writer = s.spawn(|| {
+            let mut t = src;
+            for _ in 0..20 {
+                t += 1.0;
+            }
+        });
+        reader.join().unwrap();
+        writer.join().unwrap();
+    });
+    assert_eq!(src.to_vec::<f32>().unwrap()[n - 1], 21.0);
+    m.close();
 }

@@ -1,0 +1,14 @@
+//! Tests that need the process to themselves, in one test binary (each test binary links
+//! gemm and rayon): they compare the process-wide counters (`ndscope::memory()`,
+//! `check_leaks`, `profile`'s new arrays), reset the process-wide peak, switch verbose
+//! mode (process-wide), count the system manager's children or watch the resident memory.
+//! Every test takes `common::serial()`, so they run one at a time and nothing else runs
+//! in this process meanwhile.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod accounting;
+mod manager_churn;
+mod threads_engine;
+mod verbose;
