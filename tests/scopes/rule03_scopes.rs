@@ -217,6 +217,8 @@ impl Resource for UsesEngine {
     }
 }
 
+/// Rules 1 and 3 (docs/ownership.md): the resources of a manager and of a scope close
+/// outside the engine's lock, so their `close` may use ndscope.
 #[test]
 fn resource_close_may_use_ndscope() {
     let m = NDManager::new();
