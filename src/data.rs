@@ -584,8 +584,8 @@ pub fn try_load_digits(m: &crate::NDManager) -> Result<(NDArray, NDArray)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use super::*;
     use crate::engine::Layout;
+
     #[test]
     fn permutations_are_permutations_and_reproducible() {
         for n in [0, 1, 2, 7, 100] {
