@@ -167,6 +167,7 @@ pub mod ownership {}
 pub mod random;
 mod scope;
 mod shape;
+pub mod task;
 
 pub use array::{NDArray, Rhs};
 pub use autograd::GradientCollector;
@@ -177,10 +178,11 @@ pub use diag::{
 };
 pub use dtype::{DType, Element, Scalar, ScalarValue};
 pub use engine::{CountingAllocator, Resource};
-pub use error::{ArrayDesc, CloseReason, ClosedInfo, NdError, Result, SourceLocation};
+pub use error::{ArrayDesc, CloseReason, ClosedInfo, NdError, Result, SourceLocation, TaskEnd};
 pub use manager::NDManager;
 pub use scope::{Escape, NDList, NDScope, scope};
 pub use shape::Shape;
+pub use task::{TaskScope, scope_async, task_memory};
 
 /// The README's examples, compiled and run as doctests so they stay true.
 #[cfg(doctest)]
