@@ -130,7 +130,8 @@ fn tasks_migrating_across_four_workers_free_everything_at_completion() {
                 let mut acc = m.zeros([8], DType::F32);
                 for i in 0..300 {
                     seen.insert(std::thread::current().id());
-                    acc = acc + w * (i as f32);
+                    let next = acc + w * (i as f32); // a new array each step
+                    acc = next;
                     let _tmp = acc.exp();
                     // 3 arrays per step, all still registered in the task's scope.
                     if i % 10 == 0 {
@@ -184,7 +185,8 @@ fn a_task_polled_by_four_threads_in_turn() {
         let mut acc = m2.zeros([4], DType::F32);
         for i in 0..200 {
             let t = w * (i as f32);
-            acc = acc + t;
+            let next = acc + t; // a new array each step
+            acc = next;
             kept.push(t);
             yield_once().await;
         }
