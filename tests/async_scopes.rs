@@ -874,3 +874,45 @@ fn never_polled_and_closing_an_outer_scope_from_inside() {
     assert_eq!(m.memory().live_arrays, 0);
     base.check(m);
 }
+
+/// The output escapes into the scope current at the *completing* poll: a task polled
+/// inside one scope, then on another thread in none, then inside a second scope, lands
+/// in the second; the first scope's close between polls does not touch the task.
+#[test]
+fn output_escapes_where_the_completing_poll_runs() {
+    let base = baseline();
+    let m = NDManager::new();
+    let m2 = m.clone();
+    let mut task = Box::pin(ndscope::scope_async(async move {
+        let a = m2.zeros([3], DType::F32);
+        yield_once().await;
+        let _b = m2.zeros([3], DType::F32);
+        yield_once().await;
+        a
+    }));
+    let s1 = NDScope::new();
+    assert!(poll_once(task.as_mut()).is_pending());
+    assert!(
+        s1.arrays().is_empty(),
+        "the task's arrays are in its own scope"
+    );
+    drop(s1);
+    assert_eq!(task.memory().live_arrays, 1);
+    let unscoped = m.zeros([1], DType::F32); // the thread's scope is none again
+    assert_eq!(unscoped.ref_count(), 0);
+    let mut task = std::thread::spawn(move || {
+        assert!(poll_once(task.as_mut()).is_pending());
+        task
+    })
+    .join()
+    .unwrap();
+    let s2 = NDScope::new();
+    let Poll::Ready(a) = poll_once(task.as_mut()) else {
+        panic!("ready")
+    };
+    assert_eq!(s2.arrays(), vec![a]);
+    assert_eq!(m.memory().live_arrays, 2); // a, unscoped
+    drop(s2);
+    assert!(a.is_closed());
+    base.check(m);
+}
