@@ -187,8 +187,8 @@ pin_project_lite::pin_project! {
                 return; // ended, or never polled: nothing to close
             }
             // Cancelled: drop the inner future inside the task's scope, then close it.
-            let prev = this.task.enter();
-            let guard = Polling { task: this.task, prev, on_unwind: TaskEnd::Cancelled, armed: true };
+            this.task.enter();
+            let guard = Polling { task: this.task, on_unwind: TaskEnd::Cancelled, armed: true };
             let mut fut = this.fut;
             fut.set(None);
             guard.finish(TaskEnd::Cancelled);
@@ -238,10 +238,9 @@ where
         if let Some(end) = this.task.end {
             polled_after(end);
         }
-        let prev = this.task.enter();
+        this.task.enter();
         let guard = Polling {
             task: this.task,
-            prev,
             on_unwind: TaskEnd::Panicked,
             armed: true,
         };
@@ -302,15 +301,30 @@ struct Slot {
 }
 
 impl Task {
-    /// Make the task's scope current on this thread; returns the scope it replaces.
+    /// Make the task's scope current on this thread. The scope it replaces is then the
+    /// parent of the current slot's record (`slots[last].parent`), put back on leaving.
     #[inline]
-    fn enter(&mut self) -> Option<ScopeId> {
+    fn enter(&mut self) {
         let me = engine::this_shard();
+        match self.slots.get_mut(self.last) {
+            // The usual case: polled on the same thread as last time, where the same
+            // scope is current: two thread-local accesses, no lock.
+            Some(s) if s.shard == me => {
+                let prev = engine::replace_current_scope(Some(s.cur));
+                if s.parent != prev {
+                    engine::set_task_parent(s.rec, prev);
+                    s.parent = prev;
+                }
+            }
+            _ => self.enter_slow(me),
+        }
+    }
+
+    /// `enter` on another shard than the last poll's (or the first poll).
+    #[cold]
+    fn enter_slow(&mut self, me: u32) {
         let prev = engine::current_scope();
-        let i = match self.slots.get(self.last) {
-            Some(s) if s.shard == me => self.last,
-            _ => self.slot_for(me, prev),
-        };
+        let i = self.slot_for(me, prev);
         self.last = i;
         let s = &mut self.slots[i];
         if s.parent != prev {
@@ -318,7 +332,6 @@ impl Task {
             s.parent = prev;
         }
         engine::replace_current_scope(Some(s.cur));
-        prev
     }
 
     /// The slot of shard `me`, opening a record there on the first poll.
@@ -343,7 +356,6 @@ impl Task {
 /// `finish`; dropped without either (an unwinding panic), it closes the scope.
 struct Polling<'a> {
     task: &'a mut Task,
-    prev: Option<ScopeId>,
     on_unwind: TaskEnd,
     /// Cleared by `leave` and `finish`: a guard dropped armed is unwinding.
     armed: bool,
@@ -356,18 +368,20 @@ impl Polling<'_> {
         self.armed = false;
         let last = self.task.last;
         let s = &mut self.task.slots[last];
-        s.cur = engine::replace_current_scope(self.prev).unwrap_or(s.rec);
+        s.cur = engine::replace_current_scope(s.parent).unwrap_or(s.rec);
     }
 
-    /// Move the output's arrays registered in the task's scope to `prev`.
+    /// Move the output's arrays registered in the task's scope to the scope it
+    /// replaced on this thread.
     fn escape(&self, arrays: &[NDArray]) {
         if arrays.is_empty() {
             return;
         }
         let recs: SmallVec<[ScopeId; 4]> = self.task.slots.iter().map(|s| s.rec).collect();
+        let prev = self.task.slots[self.task.last].parent;
         for a in arrays {
             // A closed array in the output is tolerated, as by `ndscope::scope`.
-            let _ = engine::task_escape(&recs, self.prev, a.id);
+            let _ = engine::task_escape(&recs, prev, a.id);
         }
     }
 
@@ -383,6 +397,7 @@ impl Polling<'_> {
         // The innermost scope now, on this thread's slot (a poll may have left one open).
         let now = engine::current_scope();
         let last = task.last;
+        let prev = task.slots[last].parent;
         let parts: SmallVec<[(ScopeId, ScopeId); 4]> = task
             .slots
             .iter()
@@ -399,7 +414,7 @@ impl Polling<'_> {
             })
             .collect();
         let resources = engine::close_task(&parts, end);
-        engine::replace_current_scope(self.prev);
+        engine::replace_current_scope(prev);
         task.slots.clear();
         task.end = Some(end);
         resources
