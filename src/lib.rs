@@ -12,6 +12,8 @@
 //!   on a thread while a scope is open is registered in it and freed when it closes,
 //!   whatever its manager, so a training loop's intermediates (`grad * lr`) cannot pile
 //!   up in a long-lived manager. Returned arrays escape to the enclosing scope.
+//!   [`scope_async`] gives an async task a scope that follows it across `.await`s and
+//!   worker threads, freed when the task completes, is cancelled or panics.
 //! * **Reference counts keep what must survive** ([`NDArray::retain`] /
 //!   [`NDArray::release`]), JavaCPP-style.
 //! * **Diagnostics say what went wrong**: use of a freed array is an error naming the

@@ -48,10 +48,12 @@
 //! * **Enter and leave.** A poll reads the thread's current scope (`prev`), makes the
 //!   task's innermost scope on this shard current, polls the inner future, and on
 //!   return puts `prev` back, remembering what is current then as the task's
-//!   innermost scope on this shard. When the table says the record's parent is
-//!   already `prev` (the usual case: a worker thread with no scope of its own), enter
-//!   and leave are four thread-local accesses and take no lock; otherwise the record
-//!   is re-parented to `prev` (one lock of the thread's own shard).
+//!   innermost scope on this shard. When the poll runs on the same shard as the last
+//!   one and the record's parent is already `prev` (the usual case: a worker thread
+//!   with no scope of its own), enter is a read of the thread's shard index and one
+//!   swap of its current scope, leave one swap, and no lock is taken; otherwise the
+//!   record is re-parented to `prev` (one lock of the thread's own shard). `prev`
+//!   is kept as that parent, so the guard restores it from there.
 //! * **Parent and nesting.** The record's parent is the scope current where the
 //!   wrapper is polled (a scope of the polling thread, an enclosing `scope_async`'s
 //!   record, or none). Scopes opened during a poll (an `NDScope`, `ndscope::scope(||
