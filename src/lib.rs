@@ -12,6 +12,8 @@
 //!   on a thread while a scope is open is registered in it and freed when it closes,
 //!   whatever its manager, so a training loop's intermediates (`grad * lr`) cannot pile
 //!   up in a long-lived manager. Returned arrays escape to the enclosing scope.
+//!   [`scope_async`] gives an async task a scope that follows it across `.await`s and
+//!   worker threads, freed when the task completes, is cancelled or panics.
 //! * **Reference counts keep what must survive** ([`NDArray::retain`] /
 //!   [`NDArray::release`]), JavaCPP-style.
 //! * **Diagnostics say what went wrong**: use of a freed array is an error naming the
@@ -215,6 +217,7 @@ pub mod ownership {}
 pub mod random;
 mod scope;
 mod shape;
+pub mod task;
 
 pub use array::{NDArray, Rhs};
 pub use autograd::{GradientCollector, no_grad};
@@ -225,10 +228,11 @@ pub use diag::{
 };
 pub use dtype::{DType, Element, Scalar, ScalarValue};
 pub use engine::{CountingAllocator, Resource};
-pub use error::{ArrayDesc, CloseReason, ClosedInfo, NdError, Result, SourceLocation};
+pub use error::{ArrayDesc, CloseReason, ClosedInfo, NdError, Result, SourceLocation, TaskEnd};
 pub use manager::NDManager;
 pub use scope::{Escape, NDList, NDScope, scope};
 pub use shape::Shape;
+pub use task::{TaskScope, scope_async, task_memory};
 
 /// The README's examples, compiled and run as doctests so they stay true.
 #[cfg(doctest)]
