@@ -336,28 +336,7 @@ pub(crate) fn scope_opened_at(sid: ScopeId) -> Option<SourceLocation> {
 /// Counters of the arrays registered in scope `sid` (buffers shared by several of
 /// them count once).
 pub(crate) fn scope_stats(sid: ScopeId) -> Stats {
-    let mut ctx = Ctx::all();
-    let ids = ctx
-        .sh(sid.shard)
-        .scopes
-        .get(sid)
-        .map(|s| s.arrays.clone())
-        .unwrap_or_default();
-    let mut seen = std::collections::HashSet::new();
-    let mut stats = Stats {
-        arrays: ids.len(),
-        ..Stats::default()
-    };
-    for id in ids {
-        if let Ok(o) = ctx.operand(id)
-            && seen.insert(o.buffer_addr())
-        {
-            stats.buffers += 1;
-            stats.bytes += ctx.buffer(ctx.array(id).expect("live").buffer).buf.bytes();
-        }
-    }
-    stats.peak = stats.bytes;
-    stats
+    scopes_stats(&[sid])
 }
 
 // -------------------------------------------------------------------- managers
