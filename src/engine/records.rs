@@ -47,9 +47,9 @@ pub(crate) struct ArrayRec {
     /// its scopes, but they are not user references (not in `ref_count`), so dropping
     /// the last one frees the array only if a scope close wanted to free it meanwhile.
     pub holds: u32,
-    /// Set (to the scope's opening site) when a scope close left the array alive only
+    /// Set (to the close's cause) when a scope close left the array alive only
     /// because of tape holds; the last `unhold` then frees it.
-    pub orphaned: Option<SourceLocation>,
+    pub orphaned: Option<Cause>,
 }
 
 /// A data buffer and the arrays of this shard that view it.

@@ -358,12 +358,9 @@ impl Ctx {
             r.scopes.swap_remove(i);
         }
         if r.scopes.is_empty() && r.retains == 0 && r.holds > 0 {
-            // Kept for a gradient tape; its last `unhold` frees it (recording a plain
-            // scope close, also for a task's scope).
-            r.orphaned = Some(match cause {
-                Cause::Scope(l) | Cause::Task(l, _) => l,
-                _ => unreachable!("a scope close records a scope cause"),
-            });
+            // Kept for a gradient tape; its last `unhold` frees it, recording this
+            // close's cause (a scope's, or an async task's and how it ended).
+            r.orphaned = Some(cause);
         } else if r.scopes.is_empty() && r.retains == 0 {
             self.free_array(id, at, cause);
         }
