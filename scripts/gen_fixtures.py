@@ -1687,6 +1687,13 @@ def distinct_fill(f, dtype, scale=0.01):
     return fill
 
 
+def zero_view(f, d, kind=0):
+    """A zero-size view with a non-zero offset (the map kernels' old bug class):
+    kind 0: [1, 0] at offset 5 of a [2, 3] base; kind 1: [0, 3] at offset 6."""
+    base = f.values((2, 3), d)
+    return arr(base, d, view=["1:, 2:2", "2:"][kind])
+
+
 def gen_gather():
     f = Family("gather", 10)
     rng = f.rng
@@ -1796,6 +1803,16 @@ def gen_gather():
     f.error("masked_fill", [arr([[1.0, 2.0]], "f64"), arr([True, False, True], "bool")], {"value": 0.0}, "ShapeMismatch")
     f.error("masked_fill", [arr([1, 2], "i32"), arr([True, False], "bool")], {"value": np.nan}, "InvalidArgument")
     f.error("masked_fill", [arr([1, 2], "i64"), arr([True, False], "bool")], {"value": np.inf}, "InvalidArgument")
+    # Zero-size inputs that are views with a non-zero offset.
+    for d in ["f64", "i32", "bool"]:
+        f.add("index_select", [zero_view(f, d), arr([0, 0], "i64")], {"axis": 0})
+        f.add("index_select", [zero_view(f, d, 1), arr(np.zeros((0,)), "i32", view="::-1")], {"axis": 0})
+        f.add("gather", [zero_view(f, d), arr(np.zeros((1, 0)), "i64")], {"axis": 0})
+        f.add("take", [zero_view(f, d), arr(np.zeros((0, 2)), "u8")])
+        f.add("boolean_mask", [zero_view(f, d), arr([True], "bool")])
+        f.add("masked_fill", [zero_view(f, d, 1), arr([True, False, True], "bool")], {"value": 1.0})
+        if d != "bool":
+            f.add("scatter_add", [zero_view(f, d), arr(np.zeros((1, 0)), "i64"), zero_view(f, d)], {"axis": 1})
     return f
 
 
@@ -1831,6 +1848,14 @@ def gen_logical():
         f.add(op, [arr([[0, 3], [0, 0]], "u8")], {"axes": [], "keep_dims": False})  # reduces nothing
         f.error(op, [arr(np.zeros((2, 3)), "f64")], {"axes": [2], "keep_dims": False}, "AxisOutOfRange")
         f.error(op, [arr(np.zeros((2, 3)), "bool")], {"axes": [0, -2], "keep_dims": False}, "InvalidArgument")
+    for op in ["logical_and", "logical_or", "logical_xor"]:
+        f.add(op, [zero_view(f, "bool"), arr([True], "bool")])
+        f.add(op, [arr(np.zeros((0,)), "bool"), arr(np.zeros((3, 1)), "bool")])
+    f.add("logical_not", [zero_view(f, "bool", 1)])
+    for op in ["any", "all"]:
+        f.add(op, [zero_view(f, "f32")], {})
+        f.add(op, [zero_view(f, "u8")], {"axes": [1], "keep_dims": True})
+        f.add(op, [zero_view(f, "bool", 1)], {"axes": [-2], "keep_dims": False})
     return f
 
 
@@ -1898,6 +1923,14 @@ def gen_stats():
     f.add("norm", [arr([3e-30, -4e-30], "f32")], grad=False)
     for d in INTS + ["bool"]:
         f.error("norm", [arr([1, 0], d)], {}, "UnsupportedDType")
+    for d in FLOATS:
+        for op in ["var", "std", "logsumexp"]:
+            f.add(op, [zero_view(f, d)], {"axes": [0], "keep_dims": False})
+            f.add(op, [zero_view(f, d)], {"axes": [-1], "keep_dims": True})
+        f.add("cumsum", [zero_view(f, d, 1)], {"axis": 1})
+        f.add("norm", [zero_view(f, d)])
+        f.add("norm", [arr(np.zeros((0, 3)), d)])
+    f.add("cumsum", [zero_view(f, "i64")], {"axis": -1})
     return f
 
 
@@ -1949,6 +1982,11 @@ def gen_unary_fn():
         f.add(op, [arr([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999999999999994, 4503599627370497.0, -0.0], "f64")])
         f.add(op, [arr([0.5, 1.5, 2.5, -0.5, -2.5, 8388609.0, 1e30, np.nan, np.inf, -np.inf], "f32")])
         f.error(op, [arr([True, False], "bool")], {}, "UnsupportedDType")
+    for op in ["erf", "gelu", "silu", "softplus", "reciprocal", "rsqrt", "log1p", "expm1", "floor", "ceil", "round", "sign"]:
+        f.add(op, [zero_view(f, "f32")])
+    f.add("leaky_relu", [zero_view(f, "f64", 1)], {"alpha": 0.2})
+    f.add("sign", [zero_view(f, "i32")])
+    f.add("round", [zero_view(f, "u8", 1)])
     return f
 
 
@@ -2015,6 +2053,25 @@ def gen_shape_ops():
     f.add("full_like", [arr([False], "bool")], {"value": -0.5})
     f.error("full_like", [arr([1, 2], "i64")], {"value": np.inf}, "InvalidArgument")
     f.error("full_like", [arr([1, 2], "u8")], {"value": np.nan}, "InvalidArgument")
+    for d in ["f64", "i64", "bool"]:
+        f.add("split", [zero_view(f, d)], {"sections": 1, "axis": 1})
+        f.add("repeat", [zero_view(f, d)], {"repeats": 3, "axis": 0})
+        f.add("tile", [zero_view(f, d)], {"reps": [2, 2]})
+        f.add("pad", [zero_view(f, d)], {"widths": [[1, 0], [1, 2]], "value": 1.0})
+        f.add("swap_axes", [zero_view(f, d)], {"a": 0, "b": -1})
+        f.add("flip", [zero_view(f, d)], {"axes": [0, 1]})
+        f.add("tril", [zero_view(f, d, 1)], {"k": 0})
+        f.add("triu", [zero_view(f, d)], {"k": -1})
+        for op in ["zeros_like", "ones_like"]:
+            f.add(op, [zero_view(f, d)])
+        f.add("full_like", [zero_view(f, d)], {"value": 2.0})
+    # Too large a result is an error, not an overflow.
+    f.error("repeat", [arr(np.zeros((4, 2)), "f32")], {"repeats": 2**62, "axis": 0}, "InvalidShape")
+    f.error("tile", [arr(np.zeros((2, 2)), "f32")], {"reps": [2**62, 8]}, "InvalidShape")
+    f.error("pad", [arr([1.0], "f64")], {"widths": [[2**63, 2**63]], "value": 0.0}, "InvalidShape")
+    f.add("split", [arr(np.arange(12.0).reshape(3, 4), "f32", perm=[1, 0])], {"sections": 4, "axis": 0})
+    f.add("swap_axes", [arr(np.arange(6).reshape(1, 2, 3), "i32")], {"a": -2, "b": 1})
+    f.add("full_like", [arr([False], "bool")], {"value": np.nan})  # NaN != 0: true
     return f
 
 
@@ -2090,6 +2147,15 @@ def gen_conv():
         f.error(op, [arr(np.zeros((1, 1, 4, 4)), "i64")], p, "UnsupportedDType")
     # Ties: the gradient goes to each window's first maximum (as PyTorch).
     f.add("max_pool2d", [arr([[[[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]]], "f64")], {"kernel": [2, 2], "stride": [1, 1], "padding": [0, 0]}, fd_check=False)
+    # Zero-size inputs that are views with a non-zero offset (at the end of the base).
+    p1 = {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1}
+    for d in FLOATS:
+        x = arr(f.values((2, 1, 2, 2), d), d, view="1:, 1:")  # [1, 0, 2, 2]
+        f.add("conv2d", [x, arr(np.ones((2, 0, 1, 1)), d), arr([1.0, -1.0], d)], p1)
+        x = arr(f.values((2, 2, 2, 2), d), d, view="2:")  # [0, 2, 2, 2]
+        f.add("conv2d", [x, arr(f.values((3, 2, 2, 1), d), d)], p1)
+        for op in ["max_pool2d", "avg_pool2d"]:
+            f.add(op, [arr(f.values((2, 1, 2, 2), d), d, view="1:, 1:")], {"kernel": [1, 2], "stride": [1, 1], "padding": [0, 1]})
     return f
 
 
@@ -2233,6 +2299,23 @@ def gen_nn_ops():
     f.error("one_hot", [arr([0, 2], "i64")], {"depth": 2, "dtype": "f32"}, "Index")
     f.error("one_hot", [arr([-1], "i32")], {"depth": 2, "dtype": "i64"}, "Index")
     f.error("one_hot", [arr([0], "u8")], {"depth": 0, "dtype": "u8"}, "Index")
+    # Zero-size inputs that are views with a non-zero offset.
+    for d in FLOATS:
+        f.add("layer_norm", [zero_view(f, d, 1)], {"axes": [-1], "eps": 1e-5, "gamma": False, "beta": False})
+        f.add("layer_norm", [zero_view(f, d)], {"axes": [0, 1], "eps": 1e-5, "gamma": False, "beta": False})
+        bn = {"training": True, "momentum": 0.1, "eps": 1e-5, "gamma": True, "beta": True}
+        x = arr(f.values((3, 2), d), d, view="1:, 2:")  # [2, 0]: no channels
+        z = lambda: arr(f.values((2,), d), d, view="2:")
+        f.add("batch_norm", [x, z(), z(), z(), z()], bn)
+        f.add("batch_norm", [zero_view(f, d, 1), arr([0.0, 1.0, 2.0], d), arr([1.0, 1.0, 1.0], d)], dict(bn, gamma=False, beta=False))
+        f.add("embedding", [arr(f.values((3, 2), d), d, view="::-1"), arr(np.zeros((2, 3)), "i64", view="1:, 3:")])
+        f.add("cross_entropy", [zero_view(f, d, 1), arr([1, 2], "i64", view="2:")])
+        for op in ["mse_loss", "binary_cross_entropy_with_logits"]:
+            f.add(op, [zero_view(f, d), zero_view(f, d)])
+    f.add("one_hot", [zero_view(f, "i32")], {"depth": 4, "dtype": "f64"})
+    f.add("one_hot", [arr([255, 0, 7], "u8")], {"depth": 256, "dtype": "u8"})
+    # layer_norm with eps = 0 on a constant lane: 0 / 0 = NaN (as PyTorch).
+    f.add("layer_norm", [arr([[3.0, 3.0], [1.0, 2.0]], "f64")], {"axes": [-1], "eps": 0.0, "gamma": False, "beta": False})
     return f
 
 
