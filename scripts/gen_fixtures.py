@@ -952,8 +952,17 @@ OPS["tile"] = Op(lambda xs, p, d: np.tile(xs[0], p["reps"]))
 OPS["pad"] = Op(pad_fwd)
 OPS["swap_axes"] = Op(lambda xs, p, d: np.swapaxes(xs[0], p["a"], p["b"]))
 OPS["flip"] = Op(flip_fwd)
-OPS["tril"] = Op(lambda xs, p, d: np.tril(xs[0], p["k"]))
-OPS["triu"] = Op(lambda xs, p, d: np.triu(xs[0], p["k"]))
+def tri_fwd(fn):
+    def f(xs, p, d):
+        x = xs[0]
+        lim = x.shape[-2] + x.shape[-1] + 1  # clamped: numpy overflows for k near i64::MIN
+        return fn(x, max(-lim, min(lim, p["k"])))
+
+    return f
+
+
+OPS["tril"] = Op(tri_fwd(np.tril))
+OPS["triu"] = Op(tri_fwd(np.triu))
 OPS["zeros_like"] = Op(lambda xs, p, d: np.zeros_like(xs[0]), grad=False)
 OPS["ones_like"] = Op(lambda xs, p, d: np.ones_like(xs[0]), grad=False)
 OPS["full_like"] = Op(lambda xs, p, d: np.full(xs[0].shape, cast_scalar(p["value"], d[0])), grad=False)
@@ -2072,6 +2081,14 @@ def gen_shape_ops():
     f.add("split", [arr(np.arange(12.0).reshape(3, 4), "f32", perm=[1, 0])], {"sections": 4, "axis": 0})
     f.add("swap_axes", [arr(np.arange(6).reshape(1, 2, 3), "i32")], {"a": -2, "b": 1})
     f.add("full_like", [arr([False], "bool")], {"value": np.nan})  # NaN != 0: true
+    # Extreme diagonals and counts that only fit because an axis is empty.
+    for op in ["tril", "triu"]:
+        f.add(op, [arr(np.arange(1, 7).reshape(2, 3), "i32")], {"k": 2**63 - 1})
+        f.add(op, [arr(np.arange(1, 7).reshape(2, 3), "i32")], {"k": -(2**63)})
+    f.add("repeat", [arr(np.zeros((0, 2)), "f32")], {"repeats": 2**62, "axis": 0})
+    f.add("tile", [arr(np.zeros((0,)), "u8")], {"reps": [2**62]})
+    f.error("flip", [arr(1.0, "f64")], {"axes": [0]}, "AxisOutOfRange")
+    f.add("flip", [arr(1.0, "f64")], {"axes": []})
     return f
 
 
@@ -2156,6 +2173,10 @@ def gen_conv():
         f.add("conv2d", [x, arr(f.values((3, 2, 2, 1), d), d)], p1)
         for op in ["max_pool2d", "avg_pool2d"]:
             f.add(op, [arr(f.values((2, 1, 2, 2), d), d, view="1:, 1:")], {"kernel": [1, 2], "stride": [1, 1], "padding": [0, 1]})
+    # A window mostly of padding: max over the one real element, avg counts the padding.
+    for op in ["max_pool2d", "avg_pool2d"]:
+        f.add(op, [arr([[[[-2.5]]]], "f64")], {"kernel": [3, 3], "stride": [1, 1], "padding": [1, 1]})
+        f.add(op, [arr([[[-2.5, 1.0]]], "f32")], {"kernel": [3, 2], "stride": [2, 1], "padding": [1, 1]})
     return f
 
 
@@ -2316,6 +2337,9 @@ def gen_nn_ops():
     f.add("one_hot", [arr([255, 0, 7], "u8")], {"depth": 256, "dtype": "u8"})
     # layer_norm with eps = 0 on a constant lane: 0 / 0 = NaN (as PyTorch).
     f.add("layer_norm", [arr([[3.0, 3.0], [1.0, 2.0]], "f64")], {"axes": [-1], "eps": 0.0, "gamma": False, "beta": False})
+    f.add("batch_norm", [arr([[1.0, 2.0], [3.0, 5.0], [0.0, 1.0]], "f64"), arr([0.5, -0.5], "f64"), arr([1.0, 2.0], "f64")],
+          {"training": True, "momentum": -0.5, "eps": 0.0, "gamma": False, "beta": False})
+    f.add("cross_entropy", [arr([[3.0], [-2.0]], "f64"), arr([0, 0], "i64")])  # one class: loss 0
     return f
 
 
