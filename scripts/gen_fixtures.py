@@ -50,6 +50,67 @@ Where the fixtures follow ndscope's documented semantics instead of numpy's
 * `broadcast_to` copies (numpy gives a read-only view); values are the same.
 * `dot` of N-D operands follows `matmul` (batched), not numpy's tensor `dot`.
 
+The ops of issue 11 (files gather, logical, stats, unary_fn, shape_ops, conv, nn_ops)
+follow PyTorch where numpy has no such op (gather, scatter_add, conv2d, the pools,
+layer_norm, batch_norm, embedding, the losses; their numpy references are written out
+below, e.g. `conv2d_fwd`, `pool_windows`, `batch_norm_after`), and differ from numpy or
+PyTorch where ndscope documents it:
+* Index arrays (index_select, gather, scatter_add, take, embedding, cross_entropy's
+  labels, one_hot's input) may be I32, I64 or U8; a negative index is an `Index` error,
+  not counted from the end; float or Bool indices are `UnsupportedDType`.
+* `index_select` takes an index of any shape (numpy's `take(x, i, axis)`: a 0-d index
+  removes the axis); PyTorch's takes only 1-D indices.
+* `boolean_mask` takes a mask of the whole shape or of a leading part (whole rows); a
+  0-d mask is an error (numpy's `x[True]` adds an axis).
+* `masked_fill`, `pad` and `full_like` store their float value in the array's dtype:
+  floats round, integers truncate toward zero and saturate (Rust's `as`), Bool stores
+  `value != 0` (so NaN is true); NaN or an infinity into an integer array is
+  `InvalidArgument` (numpy's casts are undefined there).
+* `scatter_add` and `cumsum` on integer arrays keep the dtype and wrap (numpy's
+  `cumsum` widens I32 and U8 to 64 bits); `cumsum` of Bool is `UnsupportedDType`.
+* `var`/`std` are the population statistics (numpy's default `ddof=0`; PyTorch's
+  default is unbiased). `var`, `std`, `logsumexp` and `norm` take float arrays only
+  (integers are `UnsupportedDType`; numpy converts). `std`'s gradient where the result
+  is 0 is 0 (PyTorch: NaN); `norm`'s gradient at 0 is 0; `norm` rescales, so
+  `[1e200, 1e200]` gives 1.414e200 (numpy: inf). An empty `var`/`std` is NaN, an
+  empty `logsumexp` -inf, an empty `norm` 0. `var_axes(&[])` (and std) reduces nothing
+  and gives zeros; `any_axes`/`all_axes(&[])` reduce nothing (numpy's `axis=()`).
+* `gelu(-inf)` and `silu(-inf)` are 0, the limits (the formulas give NaN); gelu is
+  the exact erf form; `softplus` is exact everywhere (PyTorch returns x above 20).
+  `leaky_relu`'s gradient at 0 is alpha (as PyTorch); a non-finite alpha is
+  `InvalidArgument`. `reciprocal` of integers is `UnsupportedDType` (numpy's integer
+  reciprocal truncates). `round` is half to even (numpy's and PyTorch's).
+  `floor`/`ceil`/`round` of integers return them unchanged, `sign` gives -1/0/1 in the
+  dtype; these four are not differentiable (not recorded), so they get no gradient
+  cases; neither do `zeros_like`/`ones_like`/`full_like` or the logical ops.
+* `split(sections, axis)` makes equal parts only (an indivisible axis is
+  `InvalidArgument`; numpy's `array_split` makes unequal ones). The runner compares
+  the parts stacked along a new axis 0.
+* `flip(&[])` flips nothing (numpy's `flip(x, axis=None)` flips every axis).
+* `tril`/`triu` of fewer than 2 dims is `InvalidShape` (numpy treats 1-D as a row).
+* `max_pool2d`: padding acts as -inf, at most half the kernel (PyTorch's rule), NaN
+  propagates, and the gradient goes to each window's first maximum (PyTorch's too).
+  `avg_pool2d` counts the padding (PyTorch's default `count_include_pad=True`).
+* `layer_norm(axes, gamma, beta, eps)` normalises over any axes, and gamma/beta
+  broadcast to the input (PyTorch's `normalized_shape` is the trailing axes).
+* `batch_norm` in training updates its running statistics in place (PyTorch's rule:
+  momentum-weighted, unbiased variance for `running_var`); the case records their
+  expected values after the op (`after`, below), and a failing call must leave them
+  unchanged. An empty batch gives an empty result and leaves them unchanged; one value
+  per channel in training is `InvalidArgument` (PyTorch raises too).
+* `cross_entropy` (mean over the batch; an empty batch gives NaN) has no
+  `ignore_index`; `mse_loss` and `binary_cross_entropy_with_logits` need equal shapes
+  (PyTorch broadcasts with a warning; here it is `ShapeMismatch`); an empty input
+  gives NaN.
+* `one_hot(depth, dtype)` returns the dtype asked for (PyTorch: always int64).
+* A zero-size input that is a view at a non-zero offset (`zero_view`) is tried on
+  every family: the old map kernels panicked there.
+
+The random ops (`dropout`, `NDManager::random_permutation`, `random_bernoulli`) have no
+fixtures: their values depend on ndscope's generator, not on numpy's; they are tested
+by their statistical properties and seeding in tests/ops/index.rs (and the dropout
+kernel by unit tests in src/array/dropout.rs).
+
 The case format (one JSON file per op family)
 ---------------------------------------------
     {"family": "binary", "cases": [case, ...]}
@@ -59,17 +120,21 @@ The case format (one JSON file per op family)
       "params": {"scalar": 2.5, ...},  # op parameters (axes, index strings, ...)
       "inputs": [array, ...],          # an array may add "view"/"perm" (below)
       "expected": array | {"error": "ShapeMismatch"},   # NdError variant name
-      "grad": null | {"r": array, "inputs": [array | null, ...]}
+      "grad": null | {"r": array, "inputs": [array | null, ...]},
+      "after": [array | null, ...]     # optional: inputs written in place (below)
     }
     array = {"shape": [2, 3], "dtype": "f32", "data": [flat row-major values]}
-Float data may hold the strings "nan", "inf", "-inf"; Bool data is true/false.
+Float data (and float params, e.g. a fill value or eps) may hold the strings "nan",
+"inf", "-inf"; Bool data is true/false. `after[i]`, where present, is what input i's
+base must hold after the op (batch_norm's running statistics), checked also when the
+case expects an error (then: unchanged).
 An input with "view": "1:, ::-1" is `base.get(view)` and with "perm": [1, 0] then
 `.permute(perm)`: a non-contiguous (or offset zero-size) input. Gradients are with
 respect to the base array (the leaf the runner creates), so they have its shape.
 
-How to add an op (e.g. `gather`, `var`, `conv2d` of issue 11)
---------------------------------------------------------------
-1. Here, one entry in `OPS` (below the op helpers), e.g.
+How to add an op
+----------------
+1. Here, one entry in `OPS` (below the op helpers), e.g. (as the ops of issue 11 were)
        OPS["var"] = Op(lambda xs, p, d: cvar(xs[0], p))
        OPS["gather"] = Op(lambda xs, p, d: np.take_along_axis(xs[0], xs[1], p["axis"]))
        OPS["erf"] = Op(lambda xs, p, d: np.vectorize(math.erf)(xs[0]), complex_safe=False)
@@ -80,7 +145,8 @@ How to add an op (e.g. `gather`, `var`, `conv2d` of issue 11)
    (`cmaximum`, `cabs`, `crelu`, `cextreme` show how), never np.abs/np.maximum/np.max
    of a complex array; if it cannot be (math.erf), say `complex_safe=False`. Give
    `out=fixed("i64")` or `out=same_as(1)` when the output dtype is not the first
-   input's; `grad=False` for a non-differentiable op. An op returning several arrays
+   input's; `grad=False` for a non-differentiable op; `nograd=(1, 2)` for float inputs
+   that get no gradient, and `after=` for an op that writes into inputs (batch_norm). An op returning several arrays
    (`split`) is compared stacked: numpy `np.stack(np.split(...))`, runner
    `NDArray::try_stack(&parts, 0)`. Random ops (dropout) do not belong here.
    Then the cases, in an existing `gen_<family>()` or a new one added to `FAMILIES`
@@ -88,8 +154,9 @@ How to add an op (e.g. `gather`, `var`, `conv2d` of issue 11)
        f.add("var", [f.input((3, 4), "f64")], {"axes": [-1], "keep_dims": True})
        f.add("gather", [f.input((3, 4), "f32"), arr([[0], [3], [1]], "i64")], {"axis": 1})
        f.error("gather", [...], {"axis": 1}, "Index")      # the NdError variant
-   `f.input` makes random values, sometimes as a non-contiguous view; `arr` exact
-   values. A float output gets a gradient case unless `grad=False`; `tol=(rtol, atol)`
+   `f.input` makes random values, sometimes as a non-contiguous view (`fill=` gives
+   other values, e.g. `index_fill` for valid indices); `arr` exact values; `zero_view`
+   a zero-size view at a non-zero offset. A float output gets a gradient case unless `grad=False`; `tol=(rtol, atol)`
    loosens the comparison; `fd_check=False` skips the central-difference cross-check
    where a case sits on a kink on purpose.
 2. In tests/ops/fixtures.rs, one match arm in `apply`, e.g.
@@ -101,7 +168,8 @@ How to add an op (e.g. `gather`, `var`, `conv2d` of issue 11)
    (helpers for params: `int`, `float`, `string`, `usizes`, `isizes`, `axes`,
    `keep_dims`, `rhs`).
 3. `python3 scripts/gen_fixtures.py && cargo test --test ops fixtures`, and commit the
-   JSON. Keep the files under ~2 MB in all (small shapes; this script prints sizes).
+   JSON. Keep the files under ~3 MB in all (small shapes; this script prints sizes).
+   `python3 scripts/gen_fixtures.py stats conv` writes only those families.
    A case that finds an ndscope bug stays; list its id in `KNOWN_FAILURES` in the
    runner with the reason until the bug is fixed.
 """

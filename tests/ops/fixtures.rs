@@ -10,7 +10,9 @@
 //!   infinities must match);
 //! * the gradient of `sum(out * r)` with respect to every float input (the arrays the
 //!   runner creates, before any view), via [`GradientCollector`];
-//! * or the `NdError` variant, for cases that must fail.
+//! * or the `NdError` variant, for cases that must fail;
+//! * for an op that writes into its inputs (batch_norm's running statistics), those
+//!   inputs afterwards (`after`: the new values, or unchanged after an error).
 //!
 //! Every failing case is reported, by id, in one assertion message. Cases that fail
 //! because of a known ndscope bug are listed in [`KNOWN_FAILURES`] with the reason; the
