@@ -2245,6 +2245,14 @@ def gen_conv():
     for op in ["max_pool2d", "avg_pool2d"]:
         f.add(op, [arr([[[[-2.5]]]], "f64")], {"kernel": [3, 3], "stride": [1, 1], "padding": [1, 1]})
         f.add(op, [arr([[[-2.5, 1.0]]], "f32")], {"kernel": [3, 2], "stride": [2, 1], "padding": [1, 1]})
+    # Large enough for the multi-threaded paths (im2col, col2im and the pools switch at
+    # 2^15 elements of work): one case each, strided input.
+    x = f.input((1, 16, 16, 16), "f64", noncontig=1.0, lo=-1, hi=1)
+    f.add("conv2d", [x, f.input((2, 16, 3, 3), "f64", noncontig=0.0, lo=-1, hi=1)], dict(p1, padding=[1, 1]))
+    p = {"kernel": [3, 3], "stride": [1, 1], "padding": [0, 0]}
+    f.add("max_pool2d", [f.input((1, 1, 64, 64), "f32", noncontig=1.0, fill=distinct_fill(f, "f32"))], p)
+    p = {"kernel": [2, 4], "stride": [1, 1], "padding": [0, 0]}
+    f.add("avg_pool2d", [arr(f.values((1, 65, 70), "f32"), "f32", view="..., 1:-1")], p)
     return f
 
 
