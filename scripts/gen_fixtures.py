@@ -1890,6 +1890,10 @@ def gen_gather():
         f.add("masked_fill", [zero_view(f, d, 1), arr([True, False, True], "bool")], {"value": 1.0})
         if d != "bool":
             f.add("scatter_add", [zero_view(f, d), arr(np.zeros((1, 0)), "i64"), zero_view(f, d)], {"axis": 1})
+    # U8 indices above 127 (read as unsigned) into a long axis.
+    f.add("index_select", [arr(np.arange(256), "i32"), arr([255, 128, 0, 200], "u8")], {"axis": 0})
+    f.add("take", [arr(np.arange(512).reshape(2, 256), "i64"), arr([[255, 129], [7, 254]], "u8")])
+    f.add("gather", [arr(np.arange(300.0).reshape(1, 300) / 8, "f64"), arr([[255, 130, 3]], "u8")], {"axis": -1})
     return f
 
 
