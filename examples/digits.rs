@@ -200,12 +200,22 @@ fn inputs(x: NDArray, kind: &str) -> NDArray {
 }
 
 /// Load a checkpoint written by `--save` into a fresh model (and optimizer, whose
-/// state it also holds) and return the model.
-fn load_checkpoint(m: &NDManager, kind: &str, path: &str) -> (Sequential, Adam) {
+/// state it also holds) and return them; on an error the fresh ones are closed.
+fn load_checkpoint(
+    m: &NDManager,
+    kind: &str,
+    path: &std::path::Path,
+) -> ndscope::Result<(Sequential, Adam)> {
     let model = build(m, kind);
     let mut opt = Adam::new(m, &model.parameters(), adam_config());
-    nn::load_with_optimizer(path, &model, &mut opt);
-    (model, opt)
+    match nn::try_load_with_optimizer(path, &model, &mut opt) {
+        Ok(()) => Ok((model, opt)),
+        Err(e) => {
+            model.manager().close();
+            opt.manager().close();
+            Err(e)
+        }
+    }
 }
 
 fn adam_config() -> AdamConfig {
@@ -294,7 +304,7 @@ fn train(args: &Args, train: &[NDArray], test: &[NDArray]) -> Report {
     let round_trip = path.map(|path| {
         nn::save_with_optimizer(&path, &model, &opt);
         let (mut loaded, loaded_opt) =
-            load_checkpoint(&m, kind, path.to_str().expect("a UTF-8 path"));
+            load_checkpoint(&m, kind, &path).expect("load the checkpoint just saved");
         let same =
             predict(&mut loaded, test[0]) == pred && loaded_opt.step_count() == opt.step_count();
         loaded.manager().close();
@@ -392,7 +402,13 @@ fn main() {
     if let Some(path) = &args.load {
         // Evaluate a checkpoint written by --save.
         let m = NDManager::new();
-        let (mut model, opt) = load_checkpoint(&m, kind, path);
+        let (mut model, opt) = match load_checkpoint(&m, kind, path.as_ref()) {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                eprintln!("{path} is not a checkpoint of --model {kind} written by --save: {e}");
+                std::process::exit(1);
+            }
+        };
         let labels = test[1].to_vec::<i64>().expect("labels");
         let acc = accuracy(&predict(&mut model, test[0]), &labels);
         if args.json {

@@ -47,7 +47,7 @@
 //!     let _s = NDScope::new();                     // frees the step's intermediates
 //!     let gc = GradientCollector::new();
 //!     let loss = model.forward(x).square().mean();
-//!     gc.backward(loss)?;
+//!     gc.backward(loss).expect("backward");
 //! }
 //! // Parameters and gradients: (8*4 + 8 + 8 + 1) * 2 f32 values.
 //! assert_eq!(model.manager().memory().live_bytes, 49 * 2 * 4);
@@ -129,24 +129,23 @@
 //!     let batch = it.next().unwrap();                     // the batch included
 //!     let gc = GradientCollector::new();
 //!     let loss = model.forward(batch[0]).cross_entropy(batch[1]);
-//!     gc.backward(loss)?;
+//!     gc.backward(loss).expect("backward");
 //!     drop(gc);
 //!     opt.step();                                         // in place
 //! }
 //!
 //! model.eval();
-//! let accuracy = ndscope::scope(|| -> ndscope::Result<f64> {
+//! let accuracy = ndscope::scope(|| {                      // frees the predictions
 //!     let predicted = model.forward(test[0]).argmax_axis(-1, false);
 //!     let hits = predicted.eq(test[1]).to_dtype(ndscope::DType::F64).mean();
-//!     hits.to_scalar::<f64>()
-//! })?;
+//!     hits.to_scalar::<f64>().unwrap()
+//! });
 //! assert!(accuracy > 0.5, "{accuracy}");                  // 20 steps are enough for that
 //!
 //! let path = std::env::temp_dir().join(format!("ndscope-nn-doc-{}.safetensors", std::process::id()));
 //! nn::save_with_optimizer(&path, &model, &opt);           // parameters, Adam's moments, step
 //! nn::load_with_optimizer(&path, &model, &mut opt);
-//! # std::fs::remove_file(&path).unwrap();
-//! # Ok::<(), ndscope::NdError>(())
+//! std::fs::remove_file(&path).unwrap();
 //! ```
 //!
 //! [`NDArray::set_requires_gradient`]: crate::NDArray::set_requires_gradient
