@@ -8,8 +8,8 @@
 //!     [--json] [--plot FILE.png] [--save FILE] [--load FILE] [--quick]
 //! ```
 //!
-//! `bench/torch_digits.py` is the same program in PyTorch (same models, optimizer,
-//! batches and split) and `bench/numpy_digits.py` the MLP in numpy; BENCHMARKS.md
+//! `bench/digits_torch.py` is the same program in PyTorch (same models, optimizer,
+//! batches and split) and `bench/digits_numpy.py` the MLP in numpy; BENCHMARKS.md
 //! ("Digits") has the figures.
 
 use indicatif::{ProgressBar, ProgressStyle};

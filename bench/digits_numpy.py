@@ -1,5 +1,5 @@
 """The digits MLP of examples/digits.rs in numpy, as a peer measured where PyTorch
-cannot be installed (bench/torch_digits.py is the PyTorch version of both models).
+cannot be installed (bench/digits_torch.py is the PyTorch version of both models).
 
 Same data and split (data/digits.csv.gz, pixels / 16; the first 1437 samples train,
 the last 360 test), same model (64-128-10, ReLU; PyTorch's default initialisation:
@@ -15,7 +15,7 @@ allocator counter, so live_bytes_per_epoch is the process's resident set size af
 each epoch (live_bytes_kind "rss"): it shows whether memory stays flat, not what
 ndscope's figure counts.
 
-Usage: python3 bench/numpy_digits.py [--epochs N] [--seed S] [--quick]
+Usage: python3 bench/digits_numpy.py [--epochs N] [--seed S] [--quick]
 """
 import os
 

@@ -18,7 +18,7 @@ keys (impl "pytorch").
 Not run on the project machine (PyPI's torch pulls gigabytes of CUDA packages there);
 run it where `pip install torch` works:
 
-    python3 bench/torch_digits.py [--model mlp|cnn|both] [--epochs N] [--seed S] [--quick]
+    python3 bench/digits_torch.py [--model mlp|cnn|both] [--epochs N] [--seed S] [--quick]
 """
 import gzip
 import json
