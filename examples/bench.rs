@@ -27,6 +27,7 @@
 //! in PyTorch (one thread) or, without PyTorch, numpy (im2col + matmul).
 
 use ndscope::{DType, GradientCollector, NDArray, NDManager, NDScope};
+use std::future::Future;
 use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::Instant;
@@ -270,6 +271,22 @@ fn main() {
         (None, None)
     };
 
+    // What a poll of a `scope_async` future adds to the inner future's poll (entering
+    // the task's scope and leaving it), for a future that creates nothing: a wrapped
+    // and a bare always-pending future, polled alike.
+    let scope_async_poll_ns = maybe("scope_async_poll", &mut || {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut bare = std::pin::pin!(std::future::pending::<()>());
+        let bare_ns = median_ns(r, it(2_000_000), || {
+            black_box(bare.as_mut().poll(&mut cx).is_pending());
+        });
+        let mut wrapped = std::pin::pin!(ndscope::scope_async(std::future::pending::<()>()));
+        let wrapped_ns = median_ns(r, it(2_000_000), || {
+            black_box(wrapped.as_mut().poll(&mut cx).is_pending());
+        });
+        (wrapped_ns - bare_ns).max(0.0)
+    });
+
     let x = m.random_uniform(0.0, 1.0, [1000, 2], DType::F32);
     let w = m.random_uniform(0.0, 1.0, [2, 1], DType::F32);
     let matmul_small_us = maybe("matmul_small", &mut || {
@@ -415,6 +432,13 @@ fn main() {
         ),
         ("scope_array_ns", "array in scope", scoped_ns, 1, "ns"),
         ("no_scope_array_ns", "array closed", unscoped_ns, 1, "ns"),
+        (
+            "scope_async_poll_ns",
+            "scope_async poll overhead",
+            scope_async_poll_ns,
+            1,
+            "ns",
+        ),
         (
             "matmul_1000x2x1_us",
             "matmul [1000,2]x[2,1]",

@@ -36,10 +36,10 @@
 // `load_digits` needs the default feature `io`.
 #![cfg_attr(not(feature = "io"), allow(rustdoc::broken_intra_doc_links))]
 
+use crate::array::gather::index_select_kernel;
 use crate::dtype::dispatch;
-use crate::engine::layout::for_each_row;
 use crate::engine::storage::new_overwritten;
-use crate::engine::{self, Layout, Output};
+use crate::engine::{self, Output};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use crate::{NDArray, Shape};
 use std::cell::Cell;
@@ -87,38 +87,11 @@ pub(crate) fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
 
 // ------------------------------------------------------------------ row gather
 
-/// Copy rows `rows` (along axis 0) of the array `(data, layout)` into `out`,
-/// row-major: `out` holds `rows.len()` times the product of the other dimensions.
-pub(crate) fn gather_rows_into<T: Copy>(data: &[T], l: &Layout, rows: &[usize], out: &mut [T]) {
-    let dims = l.shape.dims();
-    let inner: usize = dims[1..].iter().product();
-    if inner == 0 || rows.is_empty() {
-        return;
-    }
-    let (rest, rest_strides) = (&dims[1..], &l.strides[1..]);
-    for (k, &r) in rows.iter().enumerate() {
-        debug_assert!(r < dims[0]);
-        let base = l.offset as isize + r as isize * l.strides[0];
-        let dst = &mut out[k * inner..(k + 1) * inner];
-        let mut pos = 0;
-        for_each_row(rest, [rest_strides], [base as usize], |off, n, s| {
-            let (start, step) = (off[0], s[0]);
-            if step == 1 {
-                dst[pos..pos + n].copy_from_slice(&data[start as usize..start as usize + n]);
-            } else {
-                for i in 0..n {
-                    dst[pos + i] = data[(start + i as isize * step) as usize];
-                }
-            }
-            pos += n;
-        });
-    }
-}
-
 /// A new contiguous array holding rows `rows` of `x` (any layout), owned by `x`'s
 /// manager and registered in the current scope. Not recorded for autograd.
-// TODO(index_select): replace with `x.index_select(0, rows)` once it lands (one
-// public op, with a gradient); this internal gather is the stopgap.
+// The kernel is `index_select`'s; the op is not `x.index_select(0, rows)` itself
+// because that takes the rows as an index array, which would cost one more array per
+// batch.
 fn gather_rows(x: NDArray, rows: &[usize], at: SourceLocation) -> Result<NDArray> {
     let id = engine::run_op("gather_rows", &[x.id], at, |o| {
         let o = &o[0];
@@ -128,7 +101,7 @@ fn gather_rows(x: NDArray, rows: &[usize], at: SourceLocation) -> Result<NDArray
         let shape = Shape(dims);
         let n = shape.size();
         let buf = dispatch!(o.dtype, T => new_overwritten::<T>(n, |out| {
-            gather_rows_into::<T>(o.data::<T>(), l, rows, out)
+            index_select_kernel::<T>(o.data::<T>(), l, 0, rows, out)
         }))?;
         Ok(Output::New {
             buf,
@@ -611,6 +584,7 @@ pub fn try_load_digits(m: &crate::NDManager) -> Result<(NDArray, NDArray)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::Layout;
 
     #[test]
     fn permutations_are_permutations_and_reproducible() {
@@ -659,7 +633,7 @@ mod tests {
             offset: 0,
         };
         let mut out = vec![0; 4];
-        gather_rows_into(&data, &l, &[2, 0], &mut out);
+        index_select_kernel(&data, &l, 0, &[2, 0], &mut out);
         assert_eq!(out, vec![20, 21, 0, 1]);
         // 1-d, reversed: element i at 4 - i.
         let data = vec![4, 3, 2, 1, 0];
@@ -669,7 +643,7 @@ mod tests {
             offset: 4,
         };
         let mut out = vec![0; 3];
-        gather_rows_into(&data, &l, &[1, 3, 1], &mut out);
+        index_select_kernel(&data, &l, 0, &[1, 3, 1], &mut out);
         assert_eq!(out, vec![1, 3, 1]);
     }
 }

@@ -54,6 +54,35 @@ pub enum CloseReason {
         /// The manager's name.
         manager: String,
     },
+    /// The scope of an async task ([`crate::scope_async`]) it was registered in closed.
+    TaskScopeClose {
+        /// Where `scope_async` was called.
+        opened_at: SourceLocation,
+        /// How the task ended.
+        end: TaskEnd,
+    },
+}
+
+/// How an async task's scope ([`crate::scope_async`]) ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TaskEnd {
+    /// The future completed; its output escaped one level.
+    Completed,
+    /// The future was dropped before completing (a timeout, an abort, a `select!`
+    /// branch not taken, a runtime shutting down).
+    Cancelled,
+    /// A poll of the future panicked.
+    Panicked,
+}
+
+impl fmt::Display for TaskEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TaskEnd::Completed => "completed",
+            TaskEnd::Cancelled => "cancelled",
+            TaskEnd::Panicked => "panicked",
+        })
+    }
 }
 
 impl fmt::Display for CloseReason {
@@ -65,6 +94,12 @@ impl fmt::Display for CloseReason {
                 write!(f, "close of the scope opened at {opened_at}")
             }
             CloseReason::ManagerClose { manager } => write!(f, "close of manager '{manager}'"),
+            CloseReason::TaskScopeClose { opened_at, end } => {
+                write!(
+                    f,
+                    "close of the async task scope opened at {opened_at} ({end})"
+                )
+            }
         }
     }
 }
@@ -75,7 +110,8 @@ pub struct ClosedInfo {
     /// The array as it was.
     pub array: ArrayDesc,
     /// Where the freeing call was made; `None` when a scope guard was dropped (drop
-    /// glue has no caller location: the reason then names the scope's opening line).
+    /// glue has no caller location: the reason then names the scope's opening line)
+    /// and when an async task's scope closed (the reason names its `scope_async` line).
     pub closed_at: Option<SourceLocation>,
     /// Why it was freed.
     pub reason: CloseReason,
@@ -89,6 +125,10 @@ impl fmt::Display for ClosedInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.closed_at {
             Some(at) => write!(f, "{} was closed at {at} by {}", self.array, self.reason)?,
+            // A task's scope closes when its future ends, not through a guard.
+            None if matches!(self.reason, CloseReason::TaskScopeClose { .. }) => {
+                write!(f, "{} was closed by {}", self.array, self.reason)?
+            }
             None => write!(
                 f,
                 "{} was closed by {} (guard dropped)",

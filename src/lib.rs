@@ -12,6 +12,8 @@
 //!   on a thread while a scope is open is registered in it and freed when it closes,
 //!   whatever its manager, so a training loop's intermediates (`grad * lr`) cannot pile
 //!   up in a long-lived manager. Returned arrays escape to the enclosing scope.
+//!   [`scope_async`] gives an async task a scope that follows it across `.await`s and
+//!   worker threads, freed when the task completes, is cancelled or panics.
 //! * **Reference counts keep what must survive** ([`NDArray::retain`] /
 //!   [`NDArray::release`]), JavaCPP-style.
 //! * **Diagnostics say what went wrong**: use of a freed array is an error naming the
@@ -143,6 +145,50 @@
 //! # Ok::<(), ndscope::NdError>(())
 //! ```
 //!
+//! ### Training a model: `nn`, `optim`, `data`, `io`
+//!
+//! A model's parameters live in a sub-manager of their own ([`nn`]), an optimizer's
+//! state in another ([`optim`]); each step's intermediates, the batch included
+//! ([`data::Batches`]), live in the step's scope, so memory stays flat however long
+//! training runs. [`io`] saves and loads named arrays (safetensors, npy, npz) and
+//! checkpoints; [`no_grad`] runs code unrecorded (evaluation).
+//!
+//! ```
+//! use ndscope::nn::{Linear, Module, Relu, Sequential};
+//! use ndscope::optim::{Adam, AdamConfig, Optimizer};
+//! use ndscope::{DType, GradientCollector, NDManager, NDScope, data::Batches};
+//! ndscope::random::seed(0);
+//! let m = NDManager::new();
+//! let x = m.random_normal(0.0, 1.0, [64, 4], DType::F32);
+//! let y = x.sum_axes(&[1], false).gt(0.0).to_dtype(DType::I64); // class 0 or 1
+//! let model = Sequential::new(&m)
+//!     .add_with(|mm| Linear::new(mm, 4, 16))
+//!     .add(Relu::new())
+//!     .add_with(|mm| Linear::new(mm, 16, 2));
+//! let mut opt = Adam::new(&m, &model.parameters(), AdamConfig { lr: 0.05, ..AdamConfig::default() });
+//! let batches = Batches::new(&[x, y], 16).shuffle(1);
+//! let live = m.memory().live_bytes;
+//! for _epoch in 0..20 {
+//!     let mut it = batches.iter();
+//!     loop {
+//!         let _step = NDScope::new();                // frees this step's arrays
+//!         let Some(b) = it.next() else { break };
+//!         {
+//!             let gc = GradientCollector::new();
+//!             gc.backward(model.forward(b[0]).cross_entropy(b[1]))?;
+//!         }
+//!         opt.step();                                // in place, no allocation
+//!     }
+//!     assert_eq!(m.memory().live_bytes, live);       // flat
+//! }
+//! let accuracy = ndscope::no_grad(|| {
+//!     let pred = model.forward(x).argmax_axis(1, false);
+//!     pred.eq(y).to_dtype(DType::F32).mean().to_scalar::<f32>()
+//! })?;
+//! assert!(accuracy > 0.9, "{accuracy}");
+//! # Ok::<(), ndscope::NdError>(())
+//! ```
+//!
 //! ### Errors and panics
 //!
 //! Every op has a `try_*` form returning [`Result`]`<NDArray, NdError>`; the operator
@@ -171,6 +217,7 @@ pub mod ownership {}
 pub mod random;
 mod scope;
 mod shape;
+pub mod task;
 
 pub use array::{NDArray, Rhs};
 pub use autograd::{GradientCollector, no_grad};
@@ -181,10 +228,11 @@ pub use diag::{
 };
 pub use dtype::{DType, Element, Scalar, ScalarValue};
 pub use engine::{CountingAllocator, Resource};
-pub use error::{ArrayDesc, CloseReason, ClosedInfo, NdError, Result, SourceLocation};
+pub use error::{ArrayDesc, CloseReason, ClosedInfo, NdError, Result, SourceLocation, TaskEnd};
 pub use manager::NDManager;
 pub use scope::{Escape, NDList, NDScope, scope};
 pub use shape::Shape;
+pub use task::{TaskScope, scope_async, task_memory};
 
 /// The README's examples, compiled and run as doctests so they stay true.
 #[cfg(doctest)]

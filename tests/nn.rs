@@ -6,7 +6,10 @@ mod common;
 
 use common::{counts, gradcheck};
 use ndscope::nn::init::{FanMode, Init, Nonlinearity, calculate_gain, fan_in_and_fan_out};
-use ndscope::nn::{Flatten, Linear, Module, Relu, Sequential, Sigmoid, Tanh};
+use ndscope::nn::{
+    BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Gelu, LayerNorm, Linear, MaxPool2d, Module,
+    Relu, Sequential, Sigmoid, Tanh,
+};
 use ndscope::optim::{
     Adam, AdamConfig, AdamW, CosineAnnealing, LrScheduler, Optimizer, Sgd, SgdConfig, StepLr,
     clip_grad_norm, try_clip_grad_norm,
@@ -1302,5 +1305,932 @@ fn a_tiny_model_trains_with_flat_memory() {
     // Data (x, y), parameters and gradients (8), Adam's moments (8).
     assert_eq!(live[0].0, 2 + 8 + 8);
     assert!((opt.learning_rate() - 0.001).abs() < 1e-12);
+    m.close();
+}
+
+// ------------------------------------------------ layers of issue 12: conv, norm, ...
+
+/// Write `v` into the array `a` (any float dtype), in place.
+fn put(a: NDArray, v: &[f64]) {
+    let m = a.manager();
+    ndscope::scope(|| a.set("", m.create(v, a.shape()).to_dtype(a.dtype())));
+}
+
+/// Check the gradient of `sum(layer(x) * r)` (r random) with respect to `x` (when
+/// `x` requires a gradient) and to every parameter of `layer` (F64) against central
+/// finite differences, perturbing each parameter in place.
+fn layer_gradcheck(layer: &dyn Module, x: NDArray) {
+    let m = NDManager::new();
+    let out_shape = layer.forward(x).shape();
+    let r = m.create(
+        &common::values(out_shape.size(), 99, -1.0, 1.0),
+        out_shape.clone(),
+    );
+    let loss_at = || -> f64 {
+        ndscope::scope(|| {
+            (layer.forward(x) * r)
+                .sum()
+                .to_scalar::<f64>()
+                .expect("a scalar")
+        })
+    };
+    {
+        let _s = NDScope::new();
+        let gc = GradientCollector::new();
+        let loss = (layer.forward(x) * r).sum();
+        gc.backward(loss).unwrap();
+    }
+    let mut targets: Vec<(String, NDArray)> = layer.named_parameters();
+    if x.requires_gradient() {
+        targets.push(("input".to_string(), x));
+    }
+    assert!(!targets.is_empty());
+    let eps = 1e-6;
+    for (name, p) in targets {
+        let analytic = vals(p.gradient());
+        let base = vals(p);
+        assert_eq!(analytic.len(), base.len());
+        for j in 0..base.len() {
+            let mut v = base.clone();
+            v[j] = base[j] + eps;
+            put(p, &v);
+            let plus = loss_at();
+            v[j] = base[j] - eps;
+            put(p, &v);
+            let minus = loss_at();
+            put(p, &base);
+            let numeric = (plus - minus) / (2.0 * eps);
+            assert!(
+                (analytic[j] - numeric).abs() < 1e-5 * (1.0 + numeric.abs()),
+                "{name}[{j}]: analytic {} numeric {numeric}",
+                analytic[j]
+            );
+        }
+    }
+    m.close();
+}
+
+/// `x` values `sin(k)` for k = 0.. (the numpy reference scripts use the same).
+fn sin_values(n: usize) -> Vec<f64> {
+    (0..n).map(|k| (k as f64).sin()).collect()
+}
+
+#[test]
+fn conv2d_layer_shapes_defaults_and_memory() {
+    let _g = rng();
+    let m = NDManager::new();
+    let conv = Conv2d::new(&m, 1, 16, 3);
+    assert_eq!(conv.weight().shape().dims(), &[16, 1, 3, 3]);
+    assert_eq!(conv.bias().unwrap().shape().dims(), &[16]);
+    assert_eq!(conv.weight().dtype(), DType::F32);
+    assert_eq!(
+        (
+            conv.kernel_size(),
+            conv.stride(),
+            conv.padding(),
+            conv.dilation()
+        ),
+        ([3, 3], [1, 1], [0, 0], [1, 1])
+    );
+    assert_eq!(
+        (conv.in_channels(), conv.out_channels(), conv.groups()),
+        (1, 16, 1)
+    );
+    let names: Vec<String> = conv
+        .named_parameters()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["weight", "bias"]);
+    assert!(
+        conv.parameters()
+            .iter()
+            .all(|p| p.requires_gradient() && p.ref_count() == 0)
+    );
+    assert!(conv.named_buffers().is_empty());
+    assert_eq!(conv.manager().parent(), Some(m.clone()));
+    assert_eq!(Module::manager(&conv), Some(conv.manager()));
+    // The layer's manager holds exactly the weight, the bias and their gradients.
+    let mem = conv.manager().memory();
+    assert_eq!(mem.live_arrays, 4);
+    assert_eq!(mem.live_bytes, (144 + 16) * 2 * 4);
+
+    // Output sizes: "same" padding, stride 2, dilation, unbatched input.
+    let x = m.ones([2, 1, 8, 8], DType::F32);
+    assert_eq!(conv.forward(x).shape().dims(), &[2, 16, 6, 6]);
+    let same = Conv2d::builder(1, 4, 3).padding(1).build(&m);
+    assert_eq!(same.forward(x).shape().dims(), &[2, 4, 8, 8]);
+    let strided = Conv2d::builder(1, 4, [3, 2])
+        .stride(2)
+        .padding([1, 0])
+        .build(&m);
+    assert_eq!(strided.forward(x).shape().dims(), &[2, 4, 4, 4]);
+    let dilated = Conv2d::builder(1, 4, 3).dilation(2).build(&m);
+    assert_eq!(dilated.forward(x).shape().dims(), &[2, 4, 4, 4]);
+    let unbatched = same.forward(m.ones([1, 8, 8], DType::F32));
+    assert_eq!(unbatched.shape().dims(), &[4, 8, 8]);
+    assert_eq!(vals(unbatched), vals(same.forward(x).get("0")));
+    // Forward passes leave nothing in the layer's manager; the output is the input's.
+    assert_eq!(conv.forward(x).manager(), m);
+    assert_eq!(conv.manager().memory().live_arrays, 4);
+
+    // PyTorch's default initialisation: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for both,
+    // fan_in = in/groups * kh * kw = 144 here.
+    ndscope::random::seed(9);
+    let big = Conv2d::builder(32, 64, 3)
+        .groups(2)
+        .dtype(DType::F64)
+        .build(&m);
+    assert_eq!(big.weight().shape().dims(), &[64, 16, 3, 3]);
+    let (w, b) = (vals(big.weight()), vals(big.bias().unwrap()));
+    let bound = 1.0 / 12.0;
+    assert!(w.iter().chain(&b).all(|v| v.abs() <= bound));
+    let (mean, std) = stats(&w);
+    assert!(mean.abs() < 0.003, "mean {mean}");
+    let want = bound / 3f64.sqrt();
+    assert!((std - want).abs() < 0.03 * want, "std {std} want {want}");
+    assert!(b.iter().any(|v| v.abs() > 0.07));
+    ndscope::random::seed(9);
+    let again = Conv2d::builder(32, 64, 3)
+        .groups(2)
+        .dtype(DType::F64)
+        .build(&m);
+    assert_eq!(vals(again.weight()), w, "seeded");
+    let nb = Conv2d::builder(2, 2, 1)
+        .bias(false)
+        .weight_init(Init::Ones)
+        .build(&m);
+    assert!(nb.bias().is_none() && nb.parameters().len() == 1);
+    assert_eq!(vals(nb.weight()), vec![1.0; 4]);
+    m.close();
+}
+
+#[test]
+fn conv2d_layer_values_match_numpy() {
+    let m = NDManager::new();
+    // Groups 2, stride 2, padding 1: x = sin(0..32) [1, 2, 4, 4], w = cos(0..18) / 2
+    // [2, 1, 3, 3], b = [0.25, -0.5]. Expected: a direct loop in numpy 2.4.
+    let conv = Conv2d::builder(2, 2, 3)
+        .stride(2)
+        .padding(1)
+        .groups(2)
+        .dtype(DType::F64)
+        .build(&m);
+    put(
+        conv.weight(),
+        &(0..18).map(|k| (k as f64).cos() / 2.0).collect::<Vec<_>>(),
+    );
+    put(conv.bias().unwrap(), &[0.25, -0.5]);
+    let y = conv.forward(m.create(&sin_values(32), [1, 2, 4, 4]));
+    assert_eq!(y.shape().dims(), &[1, 2, 2, 2]);
+    let want = [
+        0.15383095281630138,
+        -1.0571750778377882,
+        -0.25264597846832615,
+        -0.0818587870198027,
+        -1.2486116946914712,
+        -1.4332690255673346,
+        -1.3395064720127194,
+        0.2569880905962542,
+    ];
+    assert_close(&vals(y), &want, 1e-14, "grouped conv");
+    // Dilation 2, no bias: x = sin(0..25) [1, 1, 5, 5], w = cos(0..4) / 2 [1, 1, 2, 2].
+    let conv = Conv2d::builder(1, 1, 2)
+        .dilation(2)
+        .bias(false)
+        .dtype(DType::F64)
+        .build(&m);
+    put(
+        conv.weight(),
+        &(0..4).map(|k| (k as f64).cos() / 2.0).collect::<Vec<_>>(),
+    );
+    let y = conv.forward(m.create(&sin_values(25), [1, 1, 5, 5]));
+    let want = [
+        0.624445661722396,
+        0.45894949891187725,
+        -0.1285027166441669,
+        0.038604087616940175,
+        0.5592094187947653,
+        0.5656801892590475,
+        -0.6025446219999258,
+        -0.1416963671779899,
+        0.4494268741611127,
+    ];
+    assert_close(&vals(y), &want, 1e-14, "dilated conv");
+    // A transposed (non-contiguous) input gives the same result.
+    let xv = sin_values(25);
+    let tv: Vec<f64> = (0..25).map(|k| xv[(k % 5) * 5 + k / 5]).collect();
+    let xt = m.create(&tv, [1, 1, 5, 5]).permute(&[0, 1, 3, 2]);
+    assert_close(&vals(conv.forward(xt)), &want, 1e-14, "view input");
+    m.close();
+}
+
+#[test]
+fn conv2d_layer_errors_leave_nothing_behind() {
+    let m = NDManager::new();
+    let children = m.children().len();
+    for b in [
+        Conv2d::builder(3, 4, 3).groups(2),
+        Conv2d::builder(4, 3, 3).groups(2),
+        Conv2d::builder(4, 4, 3).groups(0),
+        Conv2d::builder(0, 4, 3),
+        Conv2d::builder(1, 4, 0),
+        Conv2d::builder(1, 4, 3).stride(0),
+        Conv2d::builder(1, 4, 3).dilation([1, 0]),
+        Conv2d::builder(1, 4, 3).dtype(DType::I64),
+        Conv2d::builder(1, 4, 3).weight_init(Init::Normal {
+            mean: 0.0,
+            std: -1.0,
+        }),
+        Conv2d::builder(1, 4, 3).bias_init(Init::Uniform {
+            low: 1.0,
+            high: 0.0,
+        }),
+    ] {
+        fails!(m, b.try_build(&m), NdError::InvalidArgument { .. });
+    }
+    assert_eq!(
+        m.children().len(),
+        children,
+        "failed layers closed their manager"
+    );
+    let closed = NDManager::new();
+    closed.close();
+    assert!(matches!(
+        Conv2d::try_new(&closed, 1, 1, 1),
+        Err(NdError::ManagerClosed { .. })
+    ));
+
+    let conv = Conv2d::new(&m, 2, 4, 3);
+    let before = counts(&conv.manager());
+    let (c3, small, f64x, flat) = (
+        m.ones([1, 3, 5, 5], DType::F32),
+        m.ones([1, 2, 2, 2], DType::F32),
+        m.ones([1, 2, 5, 5], DType::F64),
+        m.ones([2, 50], DType::F32),
+    );
+    fails!(m, conv.try_forward(c3), NdError::InvalidArgument { .. });
+    fails!(m, conv.try_forward(small), NdError::InvalidArgument { .. });
+    fails!(m, conv.try_forward(f64x), NdError::DTypeMismatch { .. });
+    fails!(m, conv.try_forward(flat), NdError::InvalidArgument { .. });
+    let c3u = m.ones([3, 5, 5], DType::F32); // unbatched, wrong channels
+    fails!(m, conv.try_forward(c3u), NdError::InvalidArgument { .. });
+    assert_eq!(counts(&conv.manager()), before);
+    let msg = common::expect_panic(|| {
+        conv.forward(c3);
+    });
+    assert!(msg.contains("conv2d"), "{msg}");
+    m.close();
+}
+
+#[test]
+fn conv2d_and_max_pool_gradcheck() {
+    let m = NDManager::new();
+    let _g = rng();
+    ndscope::random::seed(2);
+    let conv = Conv2d::builder(4, 2, [2, 3])
+        .stride([1, 2])
+        .padding(1)
+        .groups(2)
+        .dtype(DType::F64)
+        .build(&m);
+    let x = m
+        .create(&common::values(2 * 4 * 4 * 5, 3, -1.0, 1.0), [2, 4, 4, 5])
+        .set_requires_gradient(true);
+    layer_gradcheck(&conv, x);
+    let dil = Conv2d::builder(1, 2, 2)
+        .dilation(2)
+        .dtype(DType::F64)
+        .build(&m);
+    let x = m
+        .create(&common::values(16, 4, -1.0, 1.0), [1, 4, 4])
+        .set_requires_gradient(true);
+    layer_gradcheck(&dil, x); // unbatched
+    // Max pooling (random values: no ties), through a Sequential with a conv.
+    gradcheck(&[&[2, 3, 5, 4]], -1.0, 1.0, |xs| {
+        MaxPool2d::new(2).forward(xs[0])
+    });
+    gradcheck(&[&[1, 2, 4, 4]], -1.0, 1.0, |xs| {
+        MaxPool2d::new(3).stride(1).padding(1).forward(xs[0])
+    });
+    let model = Sequential::new(&m)
+        .add_with(|mm| {
+            Conv2d::builder(1, 2, 3)
+                .padding(1)
+                .dtype(DType::F64)
+                .build(mm)
+        })
+        .add(Relu::new())
+        .add(MaxPool2d::new(2))
+        .add(Flatten::new())
+        .add_with(|mm| Linear::builder(8, 3).dtype(DType::F64).build(mm));
+    let x = m
+        .create(&common::values(2 * 16, 5, -1.0, 1.0), [2, 1, 4, 4])
+        .set_requires_gradient(true);
+    layer_gradcheck(&model, x);
+    m.close();
+}
+
+#[test]
+fn max_pool2d_layer() {
+    let m = NDManager::new();
+    let x = m.arange(0.0, 32.0, 1.0, DType::F32).reshape([2, 1, 4, 4]);
+    let pool = MaxPool2d::new(2);
+    assert_eq!(pool.kernel_size(), [2, 2]);
+    assert!(pool.named_parameters().is_empty() && Module::manager(&pool).is_none());
+    let y = pool.forward(x);
+    assert_eq!(y.shape().dims(), &[2, 1, 2, 2]);
+    assert_eq!(vals(y), vec![5.0, 7.0, 13.0, 15.0, 21.0, 23.0, 29.0, 31.0]);
+    // Same as the op, for overlapping windows with padding; [C, H, W] inputs too.
+    let p = MaxPool2d::new([3, 2]).stride([1, 2]).padding([1, 0]);
+    assert_eq!(
+        vals(p.forward(x)),
+        vals(x.max_pool2d([3, 2], [1, 2], [1, 0]))
+    );
+    assert_eq!(p.forward(x).shape().dims(), &[2, 1, 4, 2]);
+    assert_eq!(pool.forward(x.get("0")).shape().dims(), &[1, 2, 2]);
+    // Errors: padding over half the kernel, a window larger than the input, 2-D input.
+    let tiny = m.ones([1, 1, 1, 1], DType::F32);
+    let flat = m.ones([4, 4], DType::F32);
+    fails!(
+        m,
+        MaxPool2d::new(2).padding(2).try_forward(x),
+        NdError::InvalidArgument { .. }
+    );
+    fails!(m, pool.try_forward(tiny), NdError::InvalidArgument { .. });
+    fails!(m, pool.try_forward(flat), NdError::InvalidArgument { .. });
+    m.close();
+}
+
+#[test]
+fn embedding_layer() {
+    let _g = rng();
+    let m = NDManager::new();
+    let emb = Embedding::new(&m, 10, 4);
+    assert_eq!(emb.weight().shape().dims(), &[10, 4]);
+    assert_eq!((emb.num_embeddings(), emb.embedding_dim()), (10, 4));
+    let names: Vec<String> = emb.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["weight"]);
+    assert_eq!(emb.manager().memory().live_bytes, 40 * 2 * 4);
+    let data = m.new_sub_manager();
+    let ids = data.create(&[1i64, 7, 7, 0, 3, 9], [2, 3]);
+    let y = emb.forward(ids);
+    assert_eq!(y.shape().dims(), &[2, 3, 4]);
+    let w = vals(emb.weight());
+    let got = vals(y);
+    for (k, id) in [1usize, 7, 7, 0, 3, 9].into_iter().enumerate() {
+        assert_eq!(got[k * 4..k * 4 + 4], w[id * 4..id * 4 + 4]);
+    }
+    // The output belongs to the ids' manager, not to the model's.
+    assert_eq!(y.manager(), data);
+    assert_eq!(emb.manager().memory().live_arrays, 2);
+    let i32ids = m.create(&[2i32, 2], [2]);
+    assert_eq!(emb.forward(i32ids).shape().dims(), &[2, 4]);
+
+    // Gradient: each row receives the sum of its ids' gradients (repeats accumulate).
+    {
+        let _s = NDScope::new();
+        let gc = GradientCollector::new();
+        let loss = emb.forward(ids).sum();
+        gc.backward(loss).unwrap();
+    }
+    let g = vals(emb.weight().gradient());
+    let count = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0, 1.0];
+    for r in 0..10 {
+        assert_eq!(g[r * 4..r * 4 + 4], [count[r]; 4], "row {r}");
+    }
+    let table = Embedding::builder(5, 3).dtype(DType::F64).build(&m);
+    let ids = m.create(&[4i64, 0, 4, 2], [2, 2]);
+    layer_gradcheck(&table, ids);
+
+    // N(0, 1) by default.
+    ndscope::random::seed(3);
+    let big = Embedding::builder(200, 50).dtype(DType::F64).build(&m);
+    let (mean, std) = stats(&vals(big.weight()));
+    assert!(
+        mean.abs() < 0.03 && (std - 1.0).abs() < 0.03,
+        "{mean} {std}"
+    );
+
+    // Errors.
+    let (bad, fl) = (m.create(&[10i64], [1]), m.create(&[1.0f32], [1]));
+    fails!(m, emb.try_forward(bad), NdError::Index { .. });
+    fails!(m, emb.try_forward(fl), NdError::UnsupportedDType { .. });
+    fails!(
+        m,
+        Embedding::builder(2, 2).dtype(DType::I32).try_build(&m),
+        NdError::InvalidArgument { .. }
+    );
+    m.close();
+}
+
+#[test]
+fn layer_norm_layer() {
+    let m = NDManager::new();
+    let ln = LayerNorm::builder([3]).dtype(DType::F64).build(&m);
+    assert_eq!(vals(ln.weight().unwrap()), vec![1.0; 3]);
+    assert_eq!(vals(ln.bias().unwrap()), vec![0.0; 3]);
+    assert_eq!(ln.eps(), 1e-5);
+    assert_eq!(ln.normalized_shape().dims(), &[3]);
+    let names: Vec<String> = ln.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["weight", "bias"]);
+    assert_eq!(ln.manager().memory().live_bytes, 6 * 2 * 8);
+    // x = 3 sin(0..6) [2, 3], weight [1, 2, -1], bias [0.5, 0, -0.5]; numpy 2.4.
+    put(ln.weight().unwrap(), &[1.0, 2.0, -1.0]);
+    put(ln.bias().unwrap(), &[0.5, 0.0, -0.5]);
+    let xv: Vec<f64> = sin_values(6).iter().map(|v| v * 3.0).collect();
+    let x = m.create(&xv, [2, 3]);
+    let want = [
+        -0.9110358825384692,
+        1.2470412453790456,
+        -1.2875152598489468,
+        1.8929878201387067,
+        -0.9702282746047369,
+        0.4078736828363382,
+    ];
+    assert_close(&vals(ln.forward(x)), &want, 1e-12, "layer norm");
+    // Leading dimensions and a transposed input.
+    let x3 = m.create(&xv, [2, 1, 3]);
+    assert_close(&vals(ln.forward(x3)), &want, 1e-12, "[2, 1, 3]");
+    let tv: Vec<f64> = (0..6).map(|k| xv[(k % 2) * 3 + k / 2]).collect();
+    let xt = m.create(&tv, [3, 2]).transpose();
+    assert_close(&vals(ln.forward(xt)), &want, 1e-12, "view");
+    layer_gradcheck(&ln, x.set_requires_gradient(true));
+
+    // Over the last two dimensions; without affine parameters.
+    let ln2 = LayerNorm::builder([2, 3])
+        .dtype(DType::F64)
+        .elementwise_affine(false)
+        .build(&m);
+    assert!(ln2.parameters().is_empty() && ln2.weight().is_none());
+    let y = vals(ln2.forward(m.create(&xv, [1, 2, 3])));
+    let (mean, std) = stats(&y);
+    assert!(mean.abs() < 1e-12 && (std - 1.0).abs() < 1e-4);
+    let nb = LayerNorm::builder([4]).bias(false).build(&m);
+    assert_eq!(nb.named_parameters().len(), 1);
+    let ln3 = LayerNorm::builder([2, 3]).dtype(DType::F64).build(&m);
+    put(ln3.weight().unwrap(), &common::values(6, 1, 0.5, 1.5));
+    put(ln3.bias().unwrap(), &common::values(6, 2, -1.0, 1.0));
+    layer_gradcheck(
+        &ln3,
+        m.create(&common::values(12, 3, -2.0, 2.0), [2, 2, 3])
+            .set_requires_gradient(true),
+    );
+
+    // Errors: trailing dims that differ, another dtype, bad options.
+    let (x4, x32, short) = (
+        m.ones([2, 4], DType::F64),
+        m.ones([2, 3], DType::F32),
+        m.ones([3, 2], DType::F64),
+    );
+    fails!(m, ln.try_forward(x4), NdError::InvalidShape { .. });
+    fails!(m, ln2.try_forward(short), NdError::InvalidShape { .. });
+    fails!(m, ln.try_forward(x32), NdError::DTypeMismatch { .. });
+    for b in [
+        LayerNorm::builder([0usize; 0]),
+        LayerNorm::builder([3]).eps(-1.0),
+        LayerNorm::builder([3]).eps(f64::NAN),
+        LayerNorm::builder([3]).dtype(DType::U8),
+    ] {
+        fails!(m, b.try_build(&m), NdError::InvalidArgument { .. });
+    }
+    m.close();
+}
+
+#[test]
+fn batch_norm2d_layer_train_and_eval() {
+    let m = NDManager::new();
+    let mut bn = BatchNorm2d::builder(2).dtype(DType::F64).build(&m);
+    assert_eq!((bn.num_features(), bn.eps(), bn.momentum()), (2, 1e-5, 0.1));
+    let names: Vec<String> = bn.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["weight", "bias"]);
+    let buffers: Vec<String> = bn.named_buffers().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        buffers,
+        ["running_mean", "running_var", "num_batches_tracked"]
+    );
+    for (_, b) in bn.named_buffers() {
+        assert!(!b.requires_gradient() && b.ref_count() == 0);
+        assert_eq!(b.manager(), bn.manager());
+    }
+    assert_eq!(bn.num_batches_tracked().dtype(), DType::I64);
+    assert_eq!(vals(bn.running_mean()), vec![0.0; 2]);
+    assert_eq!(vals(bn.running_var()), vec![1.0; 2]);
+    // weight, bias, their gradients, two running statistics (f64 [2]) and the count.
+    let mem = bn.manager().memory();
+    assert_eq!(mem.live_arrays, 7);
+    assert_eq!(mem.live_bytes, 6 * 2 * 8 + 8);
+
+    // x = 2 sin(0..16) + (0..16) / 4 as [2, 2, 2, 2], weight [1.5, -0.5], bias
+    // [0.1, 0.2]; expected values from numpy 2.4 (biased batch variance to normalise,
+    // unbiased for the running estimate, momentum 0.1).
+    put(bn.weight().unwrap(), &[1.5, -0.5]);
+    put(bn.bias().unwrap(), &[0.1, 0.2]);
+    let xv: Vec<f64> = (0..16)
+        .map(|k| 2.0 * (k as f64).sin() + k as f64 / 4.0)
+        .collect();
+    let x = m.create(&xv, [2, 2, 2, 2]);
+    let y = bn.forward(x);
+    let want_train = [
+        -2.144244302345244,
+        0.24934503062830274,
+        0.7269044421203649,
+        -0.866006915765167,
+        0.8557813684094557,
+        0.8902425470967279,
+        0.5307549816773891,
+        0.056476929138451204,
+        2.782656508367827,
+        1.662626744613748,
+        -0.39579704956444617,
+        -1.2154844580553845,
+        0.3105326740113372,
+        -0.17283316879113653,
+        -0.4835844675192112,
+        -0.38737086402301407,
+    ];
+    assert_close(&vals(y), &want_train, 1e-12, "train");
+    assert_close(
+        &vals(bn.running_mean()),
+        &[0.18123384585296276, 0.2421583411306747],
+        1e-14,
+        "running_mean",
+    );
+    assert_close(
+        &vals(bn.running_var()),
+        &[1.0676910390081114, 1.4723806013456944],
+        1e-14,
+        "running_var",
+    );
+    assert_eq!(bn.num_batches_tracked().to_scalar::<i64>().unwrap(), 1);
+
+    // Eval: the running statistics normalise and are left alone.
+    bn.eval();
+    assert!(!bn.is_training());
+    let want_eval = [
+        -0.16309084318267317,
+        2.6428934927783936,
+        3.2027323129459297,
+        1.3353759301162145,
+        0.5114184243149544,
+        0.5749757365006694,
+        -0.0880330256075802,
+        -0.9627517495838853,
+        5.6126729059481155,
+        4.299671577938415,
+        1.886598941097168,
+        0.9256863915109051,
+        -0.4941926084125449,
+        -1.3856720917377803,
+        -1.9587957647441014,
+        -1.7813474513995866,
+    ];
+    for _ in 0..2 {
+        assert_close(&vals(bn.forward(x)), &want_eval, 1e-12, "eval");
+    }
+    assert_eq!(bn.num_batches_tracked().to_scalar::<i64>().unwrap(), 1);
+    assert_close(
+        &vals(bn.running_mean()),
+        &[0.18123384585296276, 0.2421583411306747],
+        1e-14,
+        "running_mean after eval",
+    );
+    // Back to training: batch statistics again, and the count goes on.
+    bn.train();
+    assert_close(&vals(bn.forward(x)), &want_train, 1e-12, "train again");
+    assert_eq!(bn.num_batches_tracked().to_scalar::<i64>().unwrap(), 2);
+    // Memory: forward passes left nothing in the layer's manager.
+    assert_eq!(bn.manager().memory().live_arrays, 7);
+
+    // Gradients in training mode (batch statistics) and in eval mode.
+    let xg = m
+        .create(&common::values(2 * 2 * 3 * 2, 6, -1.0, 1.0), [2, 2, 3, 2])
+        .set_requires_gradient(true);
+    layer_gradcheck(&bn, xg);
+    bn.eval();
+    layer_gradcheck(&bn, xg);
+
+    // Errors: not 4-D, another channel count, one value per channel in training;
+    // nothing changes.
+    bn.train();
+    let stats_before = (vals(bn.running_mean()), vals(bn.running_var()));
+    let count = bn.num_batches_tracked().to_scalar::<i64>().unwrap();
+    let (x3, c3, one, x32) = (
+        m.ones([2, 2, 4], DType::F64),
+        m.ones([2, 3, 2, 2], DType::F64),
+        m.ones([1, 2, 1, 1], DType::F64),
+        m.ones([2, 2, 2, 2], DType::F32),
+    );
+    fails!(m, bn.try_forward(x3), NdError::InvalidArgument { .. });
+    fails!(m, bn.try_forward(c3), NdError::InvalidArgument { .. });
+    fails!(m, bn.try_forward(one), NdError::InvalidArgument { .. });
+    fails!(m, bn.try_forward(x32), NdError::DTypeMismatch { .. });
+    assert_eq!(
+        (vals(bn.running_mean()), vals(bn.running_var())),
+        stats_before
+    );
+    assert_eq!(bn.num_batches_tracked().to_scalar::<i64>().unwrap(), count);
+    for b in [
+        BatchNorm2d::builder(0),
+        BatchNorm2d::builder(2).eps(-1.0),
+        BatchNorm2d::builder(2).momentum(f64::NAN),
+        BatchNorm2d::builder(2).dtype(DType::I32),
+    ] {
+        fails!(m, b.try_build(&m), NdError::InvalidArgument { .. });
+    }
+    let plain = BatchNorm2d::builder(3).affine(false).build(&m);
+    assert!(plain.parameters().is_empty() && plain.weight().is_none());
+    let y = plain.forward(m.random_normal(2.0, 3.0, [4, 3, 2, 2], DType::F32));
+    assert!(vals(y).iter().sum::<f64>().abs() < 1e-3);
+    m.close();
+}
+
+#[test]
+fn dropout_layer_train_and_eval() {
+    let _g = rng();
+    let m = NDManager::new();
+    let mut drop = Dropout::new(0.25);
+    assert_eq!(drop.p(), 0.25);
+    assert!(drop.named_parameters().is_empty() && Module::manager(&drop).is_none());
+    let x = m.ones([4000], DType::F64);
+    ndscope::random::seed(4);
+    let y = vals(drop.forward(x));
+    let kept = y.iter().filter(|&&v| v != 0.0).count();
+    assert!(y.iter().all(|&v| v == 0.0 || (v - 4.0 / 3.0).abs() < 1e-15));
+    assert!((kept as f64 / 4000.0 - 0.75).abs() < 0.03, "{kept}");
+    // A fresh mask on every call.
+    assert_ne!(vals(drop.forward(x)), y);
+    // Eval: the input itself; nothing is created.
+    drop.eval();
+    let before = counts(&m);
+    assert_eq!(drop.forward(x), x);
+    assert_eq!(counts(&m), before);
+    drop.train();
+    assert_eq!(Dropout::new(0.0).forward(x), x);
+    assert_eq!(vals(Dropout::new(1.0).forward(x)), vec![0.0; 4000]);
+    // Through a model: eval() reaches it.
+    let mut model = Sequential::new(&m)
+        .add_with(|mm| Linear::builder(3, 3).dtype(DType::F64).build(mm))
+        .add(Dropout::new(0.5));
+    model.eval();
+    let x3 = m.ones([2, 3], DType::F64);
+    let lin = model.layers()[0].forward(x3);
+    assert_eq!(vals(model.forward(x3)), vals(lin));
+    // The gradient is the mask scaled by 1 / (1 - p): for x = ones it equals y.
+    let xg = m.ones([50], DType::F64).set_requires_gradient(true);
+    let d = Dropout::new(0.5);
+    let yv = {
+        let _s = NDScope::new();
+        let gc = GradientCollector::new();
+        let y = d.forward(xg);
+        gc.backward(y.sum()).unwrap();
+        vals(y)
+    };
+    assert_eq!(vals(xg.gradient()), yv);
+    for p in [-0.1, 1.5, f64::NAN] {
+        assert!(matches!(
+            Dropout::try_new(p),
+            Err(NdError::InvalidArgument { .. })
+        ));
+    }
+    let xi = m.ones([2], DType::I32);
+    fails!(
+        m,
+        Dropout::new(0.5).try_forward(xi),
+        NdError::UnsupportedDType { .. }
+    );
+    m.close();
+}
+
+#[test]
+fn gelu_layer() {
+    let m = NDManager::new();
+    let xv = [-3.0, -1.0, -0.1, 0.0, 0.5, 2.0];
+    let x = m.create(&xv, [2, 3]);
+    // numpy 2.4 / math.erf and math.tanh.
+    let exact = [
+        -0.00404969409489031,
+        -0.15865525393145707,
+        -0.0460172162722971,
+        0.0,
+        0.34573123063700656,
+        1.9544997361036416,
+    ];
+    let approx = [
+        -0.0036373920817729943,
+        -0.15880800939172324,
+        -0.04601724895456484,
+        0.0,
+        0.34571400982514394,
+        1.954597694087775,
+    ];
+    assert!(!Gelu::new().is_approximate() && Gelu::tanh().is_approximate());
+    assert_eq!(Gelu::default(), Gelu::new());
+    assert_close(&vals(Gelu::new().forward(x)), &exact, 1e-14, "gelu");
+    assert_close(&vals(Gelu::tanh().forward(x)), &approx, 1e-14, "gelu tanh");
+    let x32 = m.create(&[2.0f32], [1]);
+    assert!((vals(Gelu::tanh().forward(x32))[0] - approx[5]).abs() < 1e-6);
+    gradcheck(&[&[3, 4]], -3.0, 3.0, |xs| Gelu::new().forward(xs[0]));
+    gradcheck(&[&[3, 4]], -3.0, 3.0, |xs| Gelu::tanh().forward(xs[0]));
+    let before = counts(&m);
+    let _ = Gelu::tanh().forward(x);
+    assert_eq!(counts(&m).0, before.0 + 1, "only the output is left");
+    let xi = m.ones([2], DType::I64);
+    fails!(
+        m,
+        Gelu::new().try_forward(xi),
+        NdError::UnsupportedDType { .. }
+    );
+    fails!(
+        m,
+        Gelu::tanh().try_forward(xi),
+        NdError::UnsupportedDType { .. }
+    );
+    m.close();
+}
+
+/// The digits CNN as a Sequential: names, modes, memory, and a training step that
+/// leaves the model's manager as it was.
+#[test]
+fn cnn_model_names_modes_and_memory() {
+    let _g = rng();
+    let m = NDManager::new();
+    let mut model = Sequential::new(&m)
+        .add_with(|mm| Conv2d::builder(1, 16, 3).padding(1).build(mm))
+        .add_with(|mm| BatchNorm2d::new(mm, 16))
+        .add(Relu::new())
+        .add(MaxPool2d::new(2))
+        .add_with(|mm| Conv2d::builder(16, 32, 3).padding(1).build(mm))
+        .add(Gelu::new())
+        .add(MaxPool2d::new(2))
+        .add(Flatten::new())
+        .add(Dropout::new(0.1))
+        .add_with(|mm| LayerNorm::new(mm, [128]))
+        .add_with(|mm| Linear::new(mm, 128, 10));
+    let names: Vec<String> = ndscope::nn::state_dict(&model)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "0.weight",
+            "0.bias",
+            "1.weight",
+            "1.bias",
+            "4.weight",
+            "4.bias",
+            "9.weight",
+            "9.bias",
+            "10.weight",
+            "10.bias",
+            "1.running_mean",
+            "1.running_var",
+            "1.num_batches_tracked",
+        ]
+    );
+    let params: usize = model.parameters().iter().map(|p| p.size()).sum();
+    assert_eq!(params, 144 + 16 + 32 + 4608 + 32 + 256 + 1280 + 10);
+    let mem = model.manager().memory();
+    assert_eq!(mem.live_bytes, params * 2 * 4 + 32 * 4 + 8);
+    let x = m.random_uniform(0.0, 1.0, [8, 1, 8, 8], DType::F32);
+    let labels = m.create(&[0i64, 1, 2, 3, 4, 5, 6, 7], [8]);
+    for _ in 0..3 {
+        let _s = NDScope::new();
+        let gc = GradientCollector::new();
+        let loss = model.forward(x).cross_entropy(labels);
+        gc.backward(loss).unwrap();
+    }
+    assert_eq!(model.manager().memory(), mem_without_peak(&model, mem));
+    assert!(
+        model
+            .parameters()
+            .iter()
+            .all(|p| vals(p.gradient()).iter().any(|&g| g != 0.0))
+    );
+    model.eval();
+    assert!(model.layers().iter().all(|l| !l.is_training()));
+    let a = vals(model.forward(x));
+    assert_eq!(vals(model.forward(x)), a, "eval is deterministic");
+    model.manager().close();
+    assert!(model.parameters().iter().all(|p| p.is_closed()));
+    m.close();
+}
+
+#[test]
+fn checkpoints_round_trip_model_and_optimizer_exactly() {
+    let _g = rng();
+    let dir = std::env::temp_dir().join(format!("ndscope-nn-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (full, model_only) = (dir.join("full.safetensors"), dir.join("model.safetensors"));
+    let m = NDManager::new();
+    ndscope::random::seed(8);
+    let build = |m: &NDManager| {
+        Sequential::new(m)
+            .add_with(|mm| Conv2d::builder(1, 4, 3).padding(1).build(mm))
+            .add_with(|mm| BatchNorm2d::new(mm, 4))
+            .add(Relu::new())
+            .add(Flatten::new())
+            .add_with(|mm| Linear::new(mm, 64, 3))
+    };
+    let model = build(&m);
+    let mut opt = Adam::new(&m, &model.parameters(), AdamConfig::default());
+    let x = m.random_uniform(0.0, 1.0, [6, 1, 4, 4], DType::F32);
+    let labels = m.create(&[0i64, 1, 2, 0, 1, 2], [6]);
+    let step = |model: &Sequential, opt: &mut Adam| {
+        let _s = NDScope::new();
+        let gc = GradientCollector::new();
+        let loss = model.forward(x).cross_entropy(labels);
+        gc.backward(loss).unwrap();
+        drop(gc);
+        opt.step();
+    };
+    let snapshot = |model: &Sequential, opt: &Adam| -> Vec<Vec<u64>> {
+        let mut all: Vec<(String, NDArray)> = ndscope::nn::state_dict(model);
+        all.extend(opt.named_state());
+        all.iter()
+            .map(|(_, a)| match a.dtype() {
+                DType::I64 => a
+                    .to_vec::<i64>()
+                    .unwrap()
+                    .iter()
+                    .map(|&v| v as u64)
+                    .collect(),
+                _ => a
+                    .to_vec::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits() as u64)
+                    .collect(),
+            })
+            .collect()
+    };
+    for _ in 0..3 {
+        step(&model, &mut opt);
+    }
+    ndscope::nn::save_with_optimizer(&full, &model, &opt);
+    ndscope::nn::save(&model_only, &model);
+    let saved = snapshot(&model, &opt);
+    // Continue two steps: the reference trajectory.
+    step(&model, &mut opt);
+    step(&model, &mut opt);
+    let reference = snapshot(&model, &opt);
+    assert_ne!(reference, saved);
+    // Roll back and replay: bit for bit the same state, step count included.
+    let before = counts(&m);
+    ndscope::nn::load_with_optimizer(&full, &model, &mut opt);
+    assert_eq!(counts(&m), before, "loading allocates nothing that stays");
+    assert_eq!(snapshot(&model, &opt), saved);
+    assert_eq!(opt.step_count(), 3);
+    step(&model, &mut opt);
+    step(&model, &mut opt);
+    assert_eq!(snapshot(&model, &opt), reference, "resumed exactly");
+
+    // Into a fresh model and optimizer (other random values): identical predictions.
+    let other = build(&m);
+    let mut other_opt = Adam::new(&m, &other.parameters(), AdamConfig::default());
+    ndscope::nn::load(&model_only, &other);
+    ndscope::nn::load_with_optimizer(&full, &other, &mut other_opt);
+    let mut model = model;
+    let mut other = other;
+    ndscope::nn::load_with_optimizer(&full, &model, &mut opt);
+    model.eval();
+    other.eval();
+    assert_eq!(vals(other.forward(x)), vals(model.forward(x)));
+    assert_eq!(snapshot(&other, &other_opt), saved);
+
+    // Files that do not match: typed errors, nothing changes or leaks.
+    let small = Sequential::new(&m).add_with(|mm| Linear::new(mm, 2, 2));
+    let mut small_opt = Adam::new(&m, &small.parameters(), AdamConfig::default());
+    let small_before = vals(small.parameters()[0]);
+    fails!(
+        m,
+        ndscope::nn::try_load(&full, &small),
+        NdError::Format { .. }
+    );
+    fails!(
+        m,
+        ndscope::nn::try_load(&full, &model),
+        NdError::Format { .. }
+    ); // extra optimizer entries
+    fails!(
+        m,
+        ndscope::nn::try_load_with_optimizer(&model_only, &model, &mut opt),
+        NdError::Format { .. }
+    ); // no optimizer state
+    fails!(
+        m,
+        ndscope::nn::try_load_with_optimizer(&full, &small, &mut small_opt),
+        NdError::Format { .. }
+    );
+    fails!(
+        m,
+        ndscope::nn::try_load(dir.join("missing.safetensors"), &small),
+        NdError::Io { .. }
+    );
+    assert_eq!(vals(small.parameters()[0]), small_before);
+    assert_eq!(small_opt.step_count(), 0);
+    assert_eq!(snapshot(&model, &opt), saved);
+    std::fs::remove_dir_all(&dir).unwrap();
     m.close();
 }

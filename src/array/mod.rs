@@ -9,7 +9,7 @@
 mod conv;
 mod display;
 mod dropout;
-mod gather;
+pub(crate) mod gather;
 mod index;
 mod linalg;
 mod logical;

@@ -433,9 +433,9 @@ impl Ctx {
         if r.holds == 0
             && r.retains == 0
             && r.scopes.is_empty()
-            && let Some(opened_at) = r.orphaned
+            && let Some(cause) = r.orphaned
         {
-            self.free_array(id, None, Cause::Scope(opened_at));
+            self.free_array(id, None, cause);
         }
     }
 }

@@ -47,9 +47,9 @@ pub(crate) struct ArrayRec {
     /// its scopes, but they are not user references (not in `ref_count`), so dropping
     /// the last one frees the array only if a scope close wanted to free it meanwhile.
     pub holds: u32,
-    /// Set (to the scope's opening site) when a scope close left the array alive only
+    /// Set (to the close's cause) when a scope close left the array alive only
     /// because of tape holds; the last `unhold` then frees it.
-    pub orphaned: Option<SourceLocation>,
+    pub orphaned: Option<Cause>,
 }
 
 /// A data buffer and the arrays of this shard that view it.
@@ -152,6 +152,9 @@ pub(crate) struct ScopeRec {
     pub foreign: SmallVec<[u32; 2]>,
     pub opened_at: SourceLocation,
     pub resources: Vec<Box<dyn Resource>>,
+    /// Set on the records of an async task's scope (`crate::task`; see
+    /// [`super::scopes::TaskTag`]); `None` for an ordinary scope.
+    pub task: Option<Box<super::scopes::TaskTag>>,
 }
 
 /// Why an array was freed, as recorded on the hot path (expanded into a
@@ -162,6 +165,8 @@ pub(crate) enum Cause {
     Release,
     /// The scope opened at this line closed.
     Scope(SourceLocation),
+    /// The scope of the async task created at this line closed, as the task ended so.
+    Task(SourceLocation, crate::error::TaskEnd),
     /// This manager closed (its name is looked up when reported).
     Manager(MgrId),
 }
@@ -198,6 +203,7 @@ impl Shard {
             Cause::Explicit => CloseReason::Explicit,
             Cause::Release => CloseReason::Release,
             Cause::Scope(opened_at) => CloseReason::ScopeClose { opened_at },
+            Cause::Task(opened_at, end) => CloseReason::TaskScopeClose { opened_at, end },
             Cause::Manager(mid) => CloseReason::ManagerClose {
                 manager: super::managers::name_of(mid),
             },

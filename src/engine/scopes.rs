@@ -1,12 +1,38 @@
 //! Scopes on locked shards. A scope's record lives in the shard of the thread that
 //! opened it; an array registered in it may live in another shard (an array made on
 //! another thread and registered by hand), in which case the operation holds both.
+//!
+//! An async task's scope (`crate::task`) is one record per shard it was polled on,
+//! each an ordinary scope of that shard (so a thread's chain of open scopes never
+//! leaves its shard), tagged with a [`TaskTag`] that records how the task ended.
 
 use super::records::{Cause, Resource, ScopeRec};
 use super::shard::{CURRENT_SCOPE, Ctx, Shards, add};
 use super::slab::{ArrayId, ScopeId};
-use crate::error::{NdError, Result, SourceLocation};
+use crate::error::{NdError, Result, SourceLocation, TaskEnd};
 use smallvec::SmallVec;
+
+/// What makes a scope record part of an async task's scope.
+pub(crate) struct TaskTag {
+    /// How the task ended, recorded in its arrays' tombstones when the record closes
+    /// (set just before; `Cancelled` until then).
+    pub end: TaskEnd,
+    /// The task's first record; it lists all of them (`members`).
+    pub primary: ScopeId,
+    /// On the primary record: every record of the task, itself included.
+    pub members: SmallVec<[ScopeId; 2]>,
+}
+
+impl ScopeRec {
+    /// What freeing an array registered here records.
+    #[inline]
+    fn cause(&self) -> Cause {
+        match &self.task {
+            None => Cause::Scope(self.opened_at),
+            Some(t) => Cause::Task(self.opened_at, t.end),
+        }
+    }
+}
 
 pub(crate) fn current_scope() -> Option<ScopeId> {
     CURRENT_SCOPE.with(|c| c.get())
@@ -62,7 +88,7 @@ impl Ctx {
     }
 
     /// Drop `id`'s registration in `sid`; returns whether it had one.
-    fn unregister_from(&mut self, sid: ScopeId, id: ArrayId) -> bool {
+    pub(crate) fn unregister_from(&mut self, sid: ScopeId, id: ArrayId) -> bool {
         let Some(r) = self.sh(id.shard).arrays.get_mut(id) else {
             return false;
         };
@@ -111,9 +137,129 @@ impl Ctx {
             foreign: SmallVec::new(),
             opened_at: at,
             resources: Vec::new(),
+            task: None,
         });
         CURRENT_SCOPE.with(|c| c.set(Some(id)));
         id
+    }
+
+    /// Open a record of an async task's scope in shard `s` (this thread's), a child of
+    /// `parent` (this thread's current scope), without making it current. `primary` is
+    /// the task's first record (`None`: this is the first); the new record is added
+    /// to its member list. Shard `s` and the shards of `parent` and `primary` must be
+    /// held.
+    pub(crate) fn open_task_record(
+        &mut self,
+        s: u32,
+        at: SourceLocation,
+        parent: Option<ScopeId>,
+        primary: Option<ScopeId>,
+    ) -> ScopeId {
+        let depth = self.depth_below(parent);
+        let sh = self.sh(s);
+        let arrays = sh.spare_lists.pop().unwrap_or_default();
+        let id = sh.scopes.insert(ScopeRec {
+            parent,
+            depth,
+            arrays,
+            foreign: SmallVec::new(),
+            opened_at: at,
+            resources: Vec::new(),
+            task: None,
+        });
+        let tag = TaskTag {
+            end: TaskEnd::Cancelled,
+            primary: primary.unwrap_or(id),
+            members: SmallVec::new(),
+        };
+        self.sh(s).scopes.get_mut(id).expect("just inserted").task = Some(Box::new(tag));
+        let p = primary.unwrap_or(id);
+        if let Some(t) = self
+            .sh(p.shard)
+            .scopes
+            .get_mut(p)
+            .and_then(|r| r.task.as_mut())
+        {
+            t.members.push(id);
+        }
+        id
+    }
+
+    /// The depth of a child of `parent` (whose shard must be held).
+    fn depth_below(&self, parent: Option<ScopeId>) -> u32 {
+        parent
+            .and_then(|p| self.shr(p.shard).scopes.get(p))
+            .map_or(0, |p| p.depth + 1)
+    }
+
+    /// Make `parent` the parent of scope `sid` (a task record that is now polled where
+    /// `parent` is current). Both shards must be held.
+    pub(crate) fn set_parent(&mut self, sid: ScopeId, parent: Option<ScopeId>) {
+        let depth = self.depth_below(parent);
+        if let Some(r) = self.sh(sid.shard).scopes.get_mut(sid) {
+            r.parent = parent;
+            r.depth = depth;
+        }
+    }
+
+    /// Append to `chain` the open scopes from `innermost` up to the task record `rec`
+    /// (innermost first), and record `end` on `rec`. If `rec` is not above
+    /// `innermost` (which should not happen), only `rec`.
+    pub(crate) fn task_chain(
+        &mut self,
+        rec: ScopeId,
+        innermost: ScopeId,
+        end: TaskEnd,
+        chain: &mut SmallVec<[ScopeId; 8]>,
+    ) {
+        let start = chain.len();
+        let mut cur = Some(innermost);
+        while let Some(c) = cur {
+            chain.push(c);
+            if c == rec || !self.holds(c.shard) {
+                break;
+            }
+            cur = self.shr(c.shard).scopes.get(c).and_then(|s| s.parent);
+        }
+        if chain.last() != Some(&rec) {
+            chain.truncate(start);
+            chain.push(rec);
+        }
+        if let Some(t) = self
+            .sh(rec.shard)
+            .scopes
+            .get_mut(rec)
+            .and_then(|r| r.task.as_mut())
+        {
+            t.end = end;
+        }
+    }
+
+    /// The records of the innermost async task whose scope is open on this thread
+    /// (walking up from its innermost scope, in this thread's shard `s`, held).
+    pub(crate) fn current_task_primary(&self, s: u32) -> Option<ScopeId> {
+        let mut cur = current_scope();
+        while let Some(c) = cur {
+            if c.shard != s {
+                return None;
+            }
+            let r = self.shr(s).scopes.get(c)?;
+            if let Some(t) = &r.task {
+                return Some(t.primary);
+            }
+            cur = r.parent;
+        }
+        None
+    }
+
+    /// The member records of the task whose primary record is `primary` (held).
+    pub(crate) fn task_members(&self, primary: ScopeId) -> SmallVec<[ScopeId; 2]> {
+        self.shr(primary.shard)
+            .scopes
+            .get(primary)
+            .and_then(|r| r.task.as_ref())
+            .map(|t| t.members.clone())
+            .unwrap_or_default()
     }
 
     /// The scopes a close of `sid` closes: from this thread's innermost up to `sid`.
@@ -125,7 +271,17 @@ impl Ctx {
             if c == sid {
                 return Ok(chain);
             }
-            cur = self.shr(c.shard).scopes.get(c).and_then(|s| s.parent);
+            let rec = self.shr(c.shard).scopes.get(c);
+            if rec.is_some_and(|s| s.task.is_some()) {
+                // An async task being polled: the scopes outside it belong to whoever
+                // polls it, and the task's own scope closes only when the task ends.
+                return Err(NdError::Scope {
+                    msg: "this scope is outside the async task (`scope_async`) being \
+                          polled: it cannot be closed from inside the task"
+                        .into(),
+                });
+            }
+            cur = rec.and_then(|s| s.parent);
         }
         Err(NdError::Scope {
             msg: "this scope is not open on the current thread".into(),
@@ -153,14 +309,14 @@ impl Ctx {
         &mut self,
         chain: &[ScopeId],
         at: Option<SourceLocation>,
-        later: &mut Vec<(ArrayId, ScopeId, SourceLocation)>,
+        later: &mut Vec<(ArrayId, ScopeId, Cause)>,
     ) -> Vec<Box<dyn Resource>> {
         let mut resources = Vec::new();
         for &c in chain {
             let Some(mut scope) = self.sh(c.shard).scopes.remove(c) else {
                 continue;
             };
-            let opened_at = scope.opened_at;
+            let cause = scope.cause();
             for id in scope.arrays.drain(..) {
                 let here = self.holds(id.shard)
                     && (self.shr(id.shard).free_is_local(id) || {
@@ -169,9 +325,9 @@ impl Ctx {
                         need.iter().all(|&s| self.holds(s))
                     });
                 if here {
-                    self.drop_registration(id, c, opened_at, at);
+                    self.drop_registration(id, c, cause, at);
                 } else {
-                    later.push((id, c, opened_at));
+                    later.push((id, c, cause));
                 }
             }
             resources.extend(scope.resources.into_iter().rev());
@@ -186,13 +342,13 @@ impl Ctx {
         resources
     }
 
-    /// Drop `id`'s registration in the closed scope `c` (opened at `opened_at`) and
-    /// free it if nothing else holds it.
+    /// Drop `id`'s registration in the closed scope `c` and free it (recording
+    /// `cause`, from [`ScopeRec::cause`]) if nothing else holds it.
     pub(crate) fn drop_registration(
         &mut self,
         id: ArrayId,
         c: ScopeId,
-        opened_at: SourceLocation,
+        cause: Cause,
         at: Option<SourceLocation>,
     ) {
         let Some(r) = self.sh(id.shard).arrays.get_mut(id) else {
@@ -202,10 +358,11 @@ impl Ctx {
             r.scopes.swap_remove(i);
         }
         if r.scopes.is_empty() && r.retains == 0 && r.holds > 0 {
-            // Kept for a gradient tape; its last `unhold` frees it.
-            r.orphaned = Some(opened_at);
+            // Kept for a gradient tape; its last `unhold` frees it, recording this
+            // close's cause (a scope's, or an async task's and how it ended).
+            r.orphaned = Some(cause);
         } else if r.scopes.is_empty() && r.retains == 0 {
-            self.free_array(id, at, Cause::Scope(opened_at));
+            self.free_array(id, at, cause);
         }
     }
 

@@ -1,5 +1,5 @@
-//! Layers without parameters: the activations [`Relu`], [`Tanh`] and [`Sigmoid`], and
-//! [`Flatten`].
+//! Layers without parameters: the activations [`Relu`], [`Gelu`], [`Tanh`] and
+//! [`Sigmoid`], [`Flatten`] and [`Dropout`].
 
 use super::Module;
 use crate::NDArray;
@@ -162,6 +162,162 @@ impl Module for Flatten {
         out.push(d[s..=e].iter().product());
         out.extend_from_slice(&d[e + 1..]);
         x.try_reshape(out)
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+
+    fn is_training(&self) -> bool {
+        self.training
+    }
+}
+
+/// GELU elementwise (PyTorch's `nn.GELU`): by default the exact form
+/// `x · Φ(x) = 0.5 · x · (1 + erf(x / √2))` ([`NDArray::gelu`], a fused op), or with
+/// [`Gelu::tanh`] the approximation `0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`
+/// (PyTorch's `approximate='tanh'`, composed of elementwise ops, whose gradients give
+/// its gradient).
+///
+/// ```
+/// use ndscope::nn::{Gelu, Module};
+/// use ndscope::NDManager;
+/// let m = NDManager::new();
+/// let x = m.create(&[-1.0f64, 0.0, 2.0], [3]);
+/// let exact = Gelu::new().forward(x).to_vec::<f64>()?;
+/// assert!((exact[0] + 0.15865525393145707).abs() < 1e-15 && exact[1] == 0.0);
+/// let approx = Gelu::tanh().forward(x).to_vec::<f64>()?;
+/// assert!((approx[2] - 1.954597694087775).abs() < 1e-12);     // the formula, in numpy
+/// # Ok::<(), ndscope::NdError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gelu {
+    approximate: bool,
+    training: bool,
+}
+
+impl Gelu {
+    /// The exact GELU (PyTorch's default, `approximate='none'`).
+    pub fn new() -> Gelu {
+        Gelu {
+            approximate: false,
+            training: true,
+        }
+    }
+
+    /// The tanh approximation (PyTorch's `approximate='tanh'`).
+    pub fn tanh() -> Gelu {
+        Gelu {
+            approximate: true,
+            training: true,
+        }
+    }
+
+    /// Whether this is the tanh approximation.
+    pub fn is_approximate(&self) -> bool {
+        self.approximate
+    }
+}
+
+impl Default for Gelu {
+    fn default() -> Self {
+        Gelu::new()
+    }
+}
+
+impl Module for Gelu {
+    /// Errors: `UnsupportedDType` (not a float array), `Closed`.
+    fn try_forward(&self, x: NDArray) -> Result<NDArray> {
+        if !self.approximate {
+            return x.try_gelu();
+        }
+        let dtype = x.try_dtype()?;
+        if !dtype.is_float() {
+            return Err(NdError::UnsupportedDType {
+                op: "gelu",
+                dtype,
+                array: crate::engine::desc(x.id)?,
+            });
+        }
+        // Composite (not hot in the models here): the temporaries are freed by the
+        // scope; the gradient comes from the ops.
+        crate::scope(|| {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            let inner = x
+                .try_square()?
+                .try_mul(0.044715)?
+                .try_add(1.0)?
+                .try_mul(x)?
+                .try_mul(c)?;
+            inner.try_tanh()?.try_add(1.0)?.try_mul(x)?.try_mul(0.5)
+        })
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+
+    fn is_training(&self) -> bool {
+        self.training
+    }
+}
+
+/// Dropout (PyTorch's `nn.Dropout`): in training mode each element is zeroed with
+/// probability `p` and the others are scaled by `1 / (1 - p)` ([`NDArray::dropout`],
+/// with a fresh mask from [`crate::random`]'s generator on every call); in evaluation
+/// mode ([`Module::eval`]) the output is the input itself, the same handle, as
+/// PyTorch returns its input.
+///
+/// ```
+/// use ndscope::nn::{Dropout, Module};
+/// use ndscope::{DType, NDManager};
+/// let m = NDManager::new();
+/// let mut drop = Dropout::new(0.5);
+/// let x = m.ones([1000], DType::F32);
+/// let v = drop.forward(x).to_vec::<f32>()?;
+/// assert!(v.iter().all(|&e| e == 0.0 || e == 2.0));
+/// assert!(v.iter().any(|&e| e == 0.0) && v.iter().any(|&e| e == 2.0));
+/// drop.eval();
+/// assert_eq!(drop.forward(x), x);                               // the identity
+/// assert!(Dropout::try_new(1.5).is_err());
+/// # Ok::<(), ndscope::NdError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dropout {
+    p: f64,
+    training: bool,
+}
+
+impl Dropout {
+    /// Dropout with probability `p` in `[0, 1]`. Panics otherwise (see
+    /// [`Dropout::try_new`]).
+    #[track_caller]
+    pub fn new(p: f64) -> Dropout {
+        crate::error::unwrap(Dropout::try_new(p))
+    }
+
+    /// [`Dropout::new`]. Errors: `InvalidArgument` (`p` outside `[0, 1]` or NaN).
+    pub fn try_new(p: f64) -> Result<Dropout> {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(NdError::invalid(
+                "dropout",
+                format!("dropout probability has to be between 0 and 1, got {p}"),
+            ));
+        }
+        Ok(Dropout { p, training: true })
+    }
+
+    /// The probability of zeroing an element.
+    pub fn p(&self) -> f64 {
+        self.p
+    }
+}
+
+impl Module for Dropout {
+    /// Errors: `UnsupportedDType` (not a float array), `Closed`, and those of making
+    /// the mask ([`NDArray::try_dropout`]).
+    fn try_forward(&self, x: NDArray) -> Result<NDArray> {
+        x.try_dropout(self.p, self.training)
     }
 
     fn set_training(&mut self, training: bool) {

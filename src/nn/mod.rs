@@ -1,6 +1,8 @@
-//! Neural-network layers: the [`Module`] trait, [`Linear`], [`Sequential`],
-//! [`Flatten`] and the activations [`Relu`], [`Tanh`] and [`Sigmoid`], with PyTorch's
-//! parameter layout, names and default initialisation ([`init`]).
+//! Neural-network layers: the [`Module`] trait, [`Linear`], [`Conv2d`],
+//! [`MaxPool2d`], [`Embedding`], [`LayerNorm`], [`BatchNorm2d`], [`Dropout`],
+//! [`Sequential`], [`Flatten`] and the activations [`Relu`], [`Gelu`], [`Tanh`] and
+//! [`Sigmoid`], with PyTorch's parameter layout, names and default initialisation
+//! ([`init`]); checkpoints of a model and its optimizer ([`save_with_optimizer`]).
 //!
 //! # Ownership
 //!
@@ -45,7 +47,7 @@
 //!     let _s = NDScope::new();                     // frees the step's intermediates
 //!     let gc = GradientCollector::new();
 //!     let loss = model.forward(x).square().mean();
-//!     gc.backward(loss)?;
+//!     gc.backward(loss).expect("backward");
 //! }
 //! // Parameters and gradients: (8*4 + 8 + 8 + 1) * 2 f32 values.
 //! assert_eq!(model.manager().memory().live_bytes, 49 * 2 * 4);
@@ -58,50 +60,117 @@
 //!
 //! [`Module::train`] and [`Module::eval`] set the mode flag of a module and of all its
 //! children ([`Module::is_training`]); a new module is in training mode, as in
-//! PyTorch. None of today's layers behaves differently in the two modes.
+//! PyTorch. [`Dropout`] (the identity in evaluation mode) and [`BatchNorm2d`] (batch
+//! statistics and running-statistics updates in training mode, the running statistics
+//! in evaluation mode) are the layers that behave differently.
 //!
-//! # Adding layers (the plan for the layers that need issue 11's operations)
+//! # Layers
 //!
-//! A layer is a struct implementing [`Module`]: `try_forward` (one op or a few, in a
-//! scope), `named_parameters` (its own names, in PyTorch's order), `named_buffers`
-//! (state that is saved but not trained), `set_training`/`is_training` (a `bool`
-//! field) and `manager` (its sub-manager). Parameters are made with [`init`] in a
-//! sub-manager of the given manager, `keep()`-ed out of every scope and marked
+//! | layer | PyTorch | parameters (buffers) | forward |
+//! |---|---|---|---|
+//! | [`Linear`] | `nn.Linear` | `weight [out, in]`, `bias [out]` | `x Wᵀ + b` |
+//! | [`Conv2d`] | `nn.Conv2d` | `weight [out, in/groups, kh, kw]`, `bias [out]` | the `conv2d` op |
+//! | [`MaxPool2d`] | `nn.MaxPool2d` | | the `max_pool2d` op |
+//! | [`Embedding`] | `nn.Embedding` | `weight [num, dim]` | the `embedding` op |
+//! | [`LayerNorm`] | `nn.LayerNorm` | `weight`, `bias` of `normalized_shape` | the `layer_norm` op |
+//! | [`BatchNorm2d`] | `nn.BatchNorm2d` | `weight [C]`, `bias [C]` (`running_mean`, `running_var`, `num_batches_tracked`) | the `batch_norm` op |
+//! | [`Dropout`] | `nn.Dropout` | | the `dropout` op in training mode, the identity in evaluation mode |
+//! | [`Relu`], [`Gelu`], [`Tanh`], [`Sigmoid`] | `nn.ReLU`, ... | | elementwise |
+//! | [`Flatten`] | `nn.Flatten` | | a reshape |
+//! | [`Sequential`] | `nn.Sequential` | its layers', as `"<i>.<name>"` | the layers in order |
+//!
+//! Initialisation is PyTorch's default for each layer ([`init`]): U(-1/√fan_in,
+//! 1/√fan_in) for the weights and biases of `Linear` and `Conv2d`, N(0, 1) for
+//! `Embedding`, ones and zeros for the normalisation layers.
+//!
+//! A layer of your own is a struct implementing [`Module`]: `try_forward` (one op or a
+//! few, in a scope), `named_parameters` (its own names, in PyTorch's order),
+//! `named_buffers` (state that is saved but not trained), `set_training`/`is_training`
+//! (a `bool` field) and `manager` (its sub-manager). Parameters are made with [`init`]
+//! in a sub-manager of the given manager, `keep()`-ed out of every scope and marked
 //! `set_requires_gradient(true)`; a constructor that fails closes its sub-manager.
-//! The layers still to come, with PyTorch's layouts and defaults:
 //!
-//! * `Conv2d::new(m, in, out, kernel)` (+ builder for stride, padding, dilation,
-//!   groups, bias): weight `[out, in/groups, kh, kw]` and bias `[out]`, both with
-//!   [`init::Init::pytorch_default`] and the bias bound `1/sqrt(fan_in)` computed from
-//!   the weight's shape by [`init::fan_in_and_fan_out`], exactly as [`Linear`];
-//!   forward = the `conv2d` op.
-//! * `MaxPool2d::new(kernel)` (+ stride, padding): no parameters; forward = the
-//!   `max_pool2d` op.
-//! * `Embedding::new(m, num, dim)`: weight `[num, dim]` ~ N(0, 1)
-//!   ([`init::Init::Normal`]); forward = `index_select` of rows by an integer input.
-//! * `LayerNorm::new(m, shape)`: weight = ones, bias = zeros of `shape`, eps 1e-5;
-//!   forward = the `layer_norm` op.
-//! * `BatchNorm2d::new(m, channels)`: weight = ones, bias = zeros `[C]`; buffers
-//!   `running_mean` (zeros), `running_var` (ones) and `num_batches_tracked`, in the
-//!   layer's manager, kept, without gradient, listed by `named_buffers`. Training mode
-//!   normalises with the batch statistics and updates the running ones in place
-//!   (momentum 0.1, unbiased variance for the running estimate); eval mode uses the
-//!   running ones.
-//! * `Dropout::new(p)`: no parameters; training mode = the `dropout` op (scaled by
-//!   `1/(1-p)`), eval mode = the identity (the input itself).
-//! * `Gelu::new()` (exact erf form, `Gelu::tanh()` for the approximation): the `gelu`
-//!   op, defined like [`Relu`] here.
+//! # Checkpoints
+//!
+//! [`save`] and [`load`] write a model's [`state_dict`] (parameters and buffers, with
+//! PyTorch's names) to a safetensors file and read it back in place;
+//! [`save_with_optimizer`] and [`load_with_optimizer`] add an optimizer's state and
+//! step count, so that training resumes exactly (feature `io`, on by default).
+//!
+//! # Training a model
+//!
+//! A small CNN on the bundled digits: a scope per step (the batch is taken inside it),
+//! Adam, a checkpoint. `examples/digits.rs` is the full program.
+//!
+//! ```
+//! use ndscope::data::{Batches, TestSize, load_digits, train_test_split};
+//! use ndscope::nn::{self, Conv2d, Flatten, Linear, MaxPool2d, Module, Relu, Sequential};
+//! use ndscope::optim::{Adam, AdamConfig, Optimizer};
+//! use ndscope::{GradientCollector, NDManager, NDScope};
+//!
+//! let m = NDManager::new();
+//! let (x, y) = load_digits(&m);                          // [1797, 64] f32, [1797] i64
+//! let x = x.reshape([1797, 1, 8, 8]);
+//! let (train, test) = train_test_split(&[x, y], TestSize::Count(360), None);
+//!
+//! ndscope::random::seed(0);
+//! let mut model = Sequential::new(&m)
+//!     .add_with(|mm| Conv2d::builder(1, 8, 3).padding(1).build(mm))
+//!     .add(Relu::new())
+//!     .add(MaxPool2d::new(2))
+//!     .add(Flatten::new())
+//!     .add_with(|mm| Linear::new(mm, 8 * 4 * 4, 10));
+//! let mut opt = Adam::new(&m, &model.parameters(), AdamConfig { lr: 1e-2, ..Default::default() });
+//!
+//! let batches = Batches::new(&train, 32).shuffle(0);
+//! let mut it = batches.iter();
+//! for _step in 0..20 {
+//!     let _s = NDScope::new();                            // frees the step's arrays,
+//!     let batch = it.next().unwrap();                     // the batch included
+//!     let gc = GradientCollector::new();
+//!     let loss = model.forward(batch[0]).cross_entropy(batch[1]);
+//!     gc.backward(loss).expect("backward");
+//!     drop(gc);
+//!     opt.step();                                         // in place
+//! }
+//!
+//! model.eval();
+//! let accuracy = ndscope::scope(|| {                      // frees the predictions
+//!     let predicted = model.forward(test[0]).argmax_axis(-1, false);
+//!     let hits = predicted.eq(test[1]).to_dtype(ndscope::DType::F64).mean();
+//!     hits.to_scalar::<f64>().unwrap()
+//! });
+//! assert!(accuracy > 0.5, "{accuracy}");                  // 20 steps are enough for that
+//!
+//! let path = std::env::temp_dir().join(format!("ndscope-nn-doc-{}.safetensors", std::process::id()));
+//! nn::save_with_optimizer(&path, &model, &opt);           // parameters, Adam's moments, step
+//! nn::load_with_optimizer(&path, &model, &mut opt);
+//! std::fs::remove_file(&path).unwrap();
+//! ```
 //!
 //! [`NDArray::set_requires_gradient`]: crate::NDArray::set_requires_gradient
 //! [`GradientCollector`]: crate::GradientCollector
 
 mod activation;
+#[cfg(feature = "io")]
+mod checkpoint;
+mod conv;
+mod embedding;
 pub mod init;
 mod linear;
+mod norm;
 mod sequential;
 
-pub use activation::{Flatten, Relu, Sigmoid, Tanh};
+pub use activation::{Dropout, Flatten, Gelu, Relu, Sigmoid, Tanh};
+#[cfg(feature = "io")]
+pub use checkpoint::{
+    load, load_with_optimizer, save, save_with_optimizer, try_load, try_load_with_optimizer,
+    try_save, try_save_with_optimizer,
+};
+pub use conv::{Conv2d, Conv2dBuilder, MaxPool2d};
+pub use embedding::{Embedding, EmbeddingBuilder};
 pub use linear::{Linear, LinearBuilder};
+pub use norm::{BatchNorm2d, BatchNorm2dBuilder, LayerNorm, LayerNormBuilder};
 pub use sequential::Sequential;
 
 use crate::error::{Result, unwrap};
@@ -215,4 +284,68 @@ pub(crate) fn make_parameter(a: NDArray) -> Result<NDArray> {
     a.try_dtype()?; // `keep` panics on a closed array
     a.keep();
     a.try_set_requires_gradient(true)
+}
+
+/// A model's state: its parameters ([`Module::named_parameters`]) and then its buffers
+/// ([`Module::named_buffers`]), with their names (PyTorch's `state_dict()`; the
+/// arrays themselves, not copies).
+///
+/// ```
+/// use ndscope::nn::{BatchNorm2d, Conv2d, Module, Sequential, state_dict};
+/// use ndscope::NDManager;
+/// let m = NDManager::new();
+/// let model = Sequential::new(&m)
+///     .add_with(|mm| Conv2d::new(mm, 1, 4, 3))
+///     .add_with(|mm| BatchNorm2d::new(mm, 4));
+/// let names: Vec<String> = state_dict(&model).into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["0.weight", "0.bias", "1.weight", "1.bias",
+///                    "1.running_mean", "1.running_var", "1.num_batches_tracked"]);
+/// ```
+pub fn state_dict<M: Module + ?Sized>(model: &M) -> Vec<(String, NDArray)> {
+    let mut v = model.named_parameters();
+    v.extend(model.named_buffers());
+    v
+}
+
+/// Make a layer's state in a new sub-manager of `m` named `name`: `make(&sub)` creates
+/// it; on an error the sub-manager is closed (nothing is left in `m`).
+pub(crate) fn build_in<T>(
+    m: &NDManager,
+    name: &str,
+    make: impl FnOnce(&NDManager) -> Result<T>,
+) -> Result<(NDManager, T)> {
+    let sub = m.try_new_sub_manager()?;
+    sub.set_name(name);
+    match make(&sub) {
+        Ok(t) => Ok((sub, t)),
+        Err(e) => {
+            sub.close();
+            Err(e)
+        }
+    }
+}
+
+/// A size for both spatial dimensions: one number for both (`3`) or `[h, w]`
+/// (`[3, 1]`), as PyTorch's int-or-tuple arguments of `Conv2d` and `MaxPool2d`.
+///
+/// ```
+/// use ndscope::nn::Pair;
+/// assert_eq!(3.pair(), [3, 3]);
+/// assert_eq!([3, 1].pair(), [3, 1]);
+/// ```
+pub trait Pair {
+    /// `[h, w]`.
+    fn pair(self) -> [usize; 2];
+}
+
+impl Pair for usize {
+    fn pair(self) -> [usize; 2] {
+        [self, self]
+    }
+}
+
+impl Pair for [usize; 2] {
+    fn pair(self) -> [usize; 2] {
+        self
+    }
 }

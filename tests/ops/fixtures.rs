@@ -10,7 +10,9 @@
 //!   infinities must match);
 //! * the gradient of `sum(out * r)` with respect to every float input (the arrays the
 //!   runner creates, before any view), via [`GradientCollector`];
-//! * or the `NdError` variant, for cases that must fail.
+//! * or the `NdError` variant, for cases that must fail;
+//! * for an op that writes into its inputs (batch_norm's running statistics), those
+//!   inputs afterwards (`after`: the new values, or unchanged after an error).
 //!
 //! Every failing case is reported, by id, in one assertion message. Cases that fail
 //! because of a known ndscope bug are listed in [`KNOWN_FAILURES`] with the reason; the
@@ -27,7 +29,7 @@ use std::path::Path;
 const KNOWN_FAILURES: &[(&str, &str)] = &[];
 
 /// The fewest cases the fixtures must hold (guards against silently reading nothing).
-const MIN_CASES: usize = 2000;
+const MIN_CASES: usize = 3800;
 
 /// Relative and absolute tolerances per float dtype; a case's `"tol": [rtol, atol]`
 /// raises them (e.g. gradients by finite differences, long sums).
@@ -126,6 +128,105 @@ fn apply(op: &str, p: &Value, x: &[NDArray]) -> Result<NDArray, NdError> {
         "clip" => x[0].try_clip(float(p, "min"), float(p, "max")),
         "where" => x[0].try_where_(x[1], x[2]),
         "to_dtype" => x[0].try_to_dtype(dtype(string(p, "dtype"))),
+        // ---- issue 11: indexing
+        "index_select" => x[0].try_index_select(axis(p, "axis"), x[1]),
+        "gather" => x[0].try_gather(axis(p, "axis"), x[1]),
+        "scatter_add" => x[0].try_scatter_add(axis(p, "axis"), x[1], x[2]),
+        "take" => x[0].try_take(x[1]),
+        "boolean_mask" => x[0].try_boolean_mask(x[1]),
+        "masked_fill" => x[0].try_masked_fill(x[1], float(p, "value")),
+        // ---- logical
+        "logical_and" => x[0].try_logical_and(x[1]),
+        "logical_or" => x[0].try_logical_or(x[1]),
+        "logical_xor" => x[0].try_logical_xor(x[1]),
+        "logical_not" => x[0].try_logical_not(),
+        "any" => match axes(p) {
+            None => x[0].try_any(),
+            Some(a) => x[0].try_any_axes(&a, keep_dims(p)),
+        },
+        "all" => match axes(p) {
+            None => x[0].try_all(),
+            Some(a) => x[0].try_all_axes(&a, keep_dims(p)),
+        },
+        // ---- statistics
+        "var" => match axes(p) {
+            None => x[0].try_var(),
+            Some(a) => x[0].try_var_axes(&a, keep_dims(p)),
+        },
+        "std" => match axes(p) {
+            None => x[0].try_std(),
+            Some(a) => x[0].try_std_axes(&a, keep_dims(p)),
+        },
+        "logsumexp" => match axes(p) {
+            None => x[0].try_logsumexp(),
+            Some(a) => x[0].try_logsumexp_axes(&a, keep_dims(p)),
+        },
+        "cumsum" => x[0].try_cumsum(axis(p, "axis")),
+        "norm" => x[0].try_norm(),
+        // ---- more unary math
+        "erf" => x[0].try_erf(),
+        "gelu" => x[0].try_gelu(),
+        "silu" => x[0].try_silu(),
+        "softplus" => x[0].try_softplus(),
+        "leaky_relu" => x[0].try_leaky_relu(float(p, "alpha")),
+        "floor" => x[0].try_floor(),
+        "ceil" => x[0].try_ceil(),
+        "round" => x[0].try_round(),
+        "sign" => x[0].try_sign(),
+        "reciprocal" => x[0].try_reciprocal(),
+        "rsqrt" => x[0].try_rsqrt(),
+        "log1p" => x[0].try_log1p(),
+        "expm1" => x[0].try_expm1(),
+        // ---- shape
+        "split" => x[0]
+            .try_split(int(p, "sections") as usize, axis(p, "axis"))
+            .and_then(|parts| NDArray::try_stack(&parts, 0)),
+        "repeat" => x[0].try_repeat(int(p, "repeats") as usize, axis(p, "axis")),
+        "tile" => x[0].try_tile(&usizes(p, "reps")),
+        "pad" => x[0].try_pad(&pairs(p, "widths"), float(p, "value")),
+        "swap_axes" => x[0].try_swap_axes(axis(p, "a"), axis(p, "b")),
+        "flip" => x[0].try_flip(&isizes(p, "axes")),
+        "tril" => x[0].try_tril(int(p, "k")),
+        "triu" => x[0].try_triu(int(p, "k")),
+        "zeros_like" => x[0].try_zeros_like(),
+        "ones_like" => x[0].try_ones_like(),
+        "full_like" => x[0].try_full_like(float(p, "value")),
+        // ---- nn
+        "conv2d" => x[0].try_conv2d(
+            x[1],
+            x.get(2).copied(),
+            pair(p, "stride"),
+            pair(p, "padding"),
+            pair(p, "dilation"),
+            int(p, "groups") as usize,
+        ),
+        "max_pool2d" => {
+            x[0].try_max_pool2d(pair(p, "kernel"), pair(p, "stride"), pair(p, "padding"))
+        }
+        "avg_pool2d" => {
+            x[0].try_avg_pool2d(pair(p, "kernel"), pair(p, "stride"), pair(p, "padding"))
+        }
+        "layer_norm" => {
+            let (gamma, beta) = affine(p, &x[1..]);
+            x[0].try_layer_norm(&isizes(p, "axes"), gamma, beta, float(p, "eps"))
+        }
+        "batch_norm" => {
+            let (gamma, beta) = affine(p, &x[3..]);
+            x[0].try_batch_norm(
+                x[1],
+                x[2],
+                gamma,
+                beta,
+                flag(p, "training"),
+                float(p, "momentum"),
+                float(p, "eps"),
+            )
+        }
+        "embedding" => x[0].try_embedding(x[1]),
+        "cross_entropy" => x[0].try_cross_entropy(x[1]),
+        "mse_loss" => x[0].try_mse_loss(x[1]),
+        "binary_cross_entropy_with_logits" => x[0].try_binary_cross_entropy_with_logits(x[1]),
+        "one_hot" => x[0].try_one_hot(int(p, "depth") as usize, dtype(string(p, "dtype"))),
         _ => panic!("no runner arm for op '{op}' (add one to `apply` in tests/ops/fixtures.rs)"),
     }
 }
@@ -138,10 +239,52 @@ fn int(p: &Value, key: &str) -> i64 {
         .unwrap_or_else(|| panic!("param '{key}' is not an integer: {}", p[key]))
 }
 
+/// A number, or one of the strings "nan", "inf", "-inf" (JSON has no such numbers).
 fn float(p: &Value, key: &str) -> f64 {
+    float_value(&p[key])
+}
+
+fn axis(p: &Value, key: &str) -> isize {
+    int(p, key) as isize
+}
+
+fn flag(p: &Value, key: &str) -> bool {
     p[key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("param '{key}' is not a number: {}", p[key]))
+        .as_bool()
+        .unwrap_or_else(|| panic!("param '{key}' is not a bool: {}", p[key]))
+}
+
+/// `[a, b]` as `[usize; 2]` (conv2d's and the pools' stride, padding, ...).
+fn pair(p: &Value, key: &str) -> [usize; 2] {
+    match usizes(p, key)[..] {
+        [a, b] => [a, b],
+        _ => panic!("param '{key}' is not a pair: {}", p[key]),
+    }
+}
+
+/// `[[before, after], ...]` (pad's widths).
+fn pairs(p: &Value, key: &str) -> Vec<(usize, usize)> {
+    p[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("param '{key}' is not a list: {}", p[key]))
+        .iter()
+        .map(|w| {
+            let w = w.as_array().expect("a [before, after] pair");
+            (
+                w[0].as_u64().expect("a width") as usize,
+                w[1].as_u64().expect("a width") as usize,
+            )
+        })
+        .collect()
+}
+
+/// The optional `gamma`, `beta` inputs (in that order) that `params.gamma` and
+/// `params.beta` say are present.
+fn affine(p: &Value, rest: &[NDArray]) -> (Option<NDArray>, Option<NDArray>) {
+    let mut it = rest.iter().copied();
+    let gamma = if flag(p, "gamma") { it.next() } else { None };
+    let beta = if flag(p, "beta") { it.next() } else { None };
+    (gamma, beta)
 }
 
 fn string<'a>(p: &'a Value, key: &str) -> &'a str {
@@ -408,10 +551,24 @@ fn run_case(case: &Value) -> Result<(), String> {
             .collect();
         let expected = &case["expected"];
         let out = apply(op, params, &inputs);
+        // Inputs an op writes into in place (batch_norm's running statistics), as
+        // their leaves must read afterwards; also checked when the op fails.
+        let check_after = || -> Result<(), String> {
+            let Some(after) = case.get("after").and_then(Value::as_array) else {
+                return Ok(());
+            };
+            for (i, want) in after.iter().enumerate() {
+                if !want.is_null() {
+                    let got = read(leaves[i]).map_err(|e| e.to_string())?;
+                    compare(&format!("input {i} after the op"), &got, &spec(want), case)?;
+                }
+            }
+            Ok(())
+        };
         if let Some(want) = expected.get("error") {
             let want = want.as_str().expect("error is a string");
             return match out {
-                Err(e) if variant(&e) == want => Ok(()),
+                Err(e) if variant(&e) == want => check_after(),
                 Err(e) => Err(format!("expected error {want}, got {e:?}")),
                 Ok(a) => Err(format!("expected error {want}, got {a:?}")),
             };
@@ -423,6 +580,7 @@ fn run_case(case: &Value) -> Result<(), String> {
             &spec(expected),
             case,
         )?;
+        check_after()?;
         if let (Some(g), Some(collector)) = (grad, collector) {
             let r = create(m, &spec(&g["r"]));
             let loss = out
