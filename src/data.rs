@@ -33,6 +33,8 @@
 //! scope opens, so it belongs to the enclosing scope (an epoch's scope, say): memory
 //! is then flat across epochs, and grows within one by a batch's arrays per step
 //! (views of the data when unshuffled; copies when shuffled).
+//! [`Batches::for_each_step`] runs a closure per batch with the scope opened first,
+//! the same pattern without the loop.
 // `load_digits` needs the default feature `io`.
 #![cfg_attr(not(feature = "io"), allow(rustdoc::broken_intra_doc_links))]
 
@@ -284,6 +286,50 @@ impl Batches {
             order: self.seed.map(|s| permutation(self.rows, s, epoch)),
             next: 0,
             end: self.len(),
+        }
+    }
+
+    /// Run `step` on each batch of the next epoch, each call inside a scope of its own
+    /// that the batch is taken in: the step's arrays, the batch included, are freed
+    /// when it returns, so memory stays flat within an epoch as well as across epochs
+    /// (the `for batch in batches.iter()` form takes the batch before the body's scope
+    /// opens). The step's return value is dropped with its scope; keep results in
+    /// long-lived arrays (a parameter update) or as plain values.
+    ///
+    /// ```
+    /// use ndscope::{DType, NDManager, data::Batches};
+    /// let m = NDManager::new();
+    /// let x = m.arange(0.0, 12.0, 1.0, DType::F32).reshape([6, 2]);
+    /// let batches = Batches::new(&[x], 2).shuffle(3);
+    /// let live = m.memory().live_arrays;
+    /// let mut total = 0.0;
+    /// batches.for_each_step(|b| {
+    ///     total += b[0].sum().to_scalar::<f32>().unwrap();
+    ///     assert_eq!(m.memory().live_arrays, live + 2); // the batch and its sum
+    /// });
+    /// assert_eq!(total, 66.0);
+    /// assert_eq!(m.memory().live_arrays, live);
+    /// ```
+    #[track_caller]
+    pub fn for_each_step(&self, mut step: impl FnMut(&[NDArray])) {
+        unwrap(self.try_for_each_step(|b| {
+            step(b);
+            Ok(())
+        }))
+    }
+
+    /// [`Batches::for_each_step`] with a fallible step: the first error (taking a batch
+    /// or from `step`) ends the epoch early and is returned, after that step's scope
+    /// has freed its arrays.
+    #[track_caller]
+    pub fn try_for_each_step(&self, mut step: impl FnMut(&[NDArray]) -> Result<()>) -> Result<()> {
+        let mut it = self.iter();
+        loop {
+            let _step = crate::NDScope::new();
+            let Some(batch) = it.try_next()? else {
+                return Ok(());
+            };
+            step(&batch)?;
         }
     }
 

@@ -1105,3 +1105,40 @@ fn ndarray_round_trip() {
         NdError::ManagerClosed { .. }
     );
 }
+
+/// `for_each_step` frees each step's arrays, the batch included, before the next step:
+/// counters are the same before every step and after the epoch; an error from a step
+/// ends the epoch after freeing that step's arrays.
+#[test]
+fn for_each_step_keeps_memory_flat_within_an_epoch() {
+    let m = NDManager::new();
+    let (x, y) = xy(&m, 10);
+    let batches = Batches::new(&[x, y], 3).shuffle(5);
+    let before = counts(&m);
+    let mut seen = Vec::new();
+    let mut steps = 0;
+    batches.for_each_step(|b| {
+        assert_eq!(counts(&m).0, before.0 + 2, "only this step's batch is live");
+        seen.extend(ids(b));
+        let _tmp = b[0] * 2.0;
+        steps += 1;
+    });
+    assert_eq!(steps, 4);
+    seen.sort();
+    assert_eq!(seen, (0..10).collect::<Vec<i64>>());
+    assert_eq!(counts(&m), before);
+
+    let mut calls = 0;
+    let r = batches.try_for_each_step(|b| {
+        calls += 1;
+        let _tmp = b[0] + 1.0;
+        if calls == 2 {
+            b[0].try_add(b[1])?; // f32 + i64: a dtype mismatch
+        }
+        Ok(())
+    });
+    assert!(matches!(r, Err(NdError::DTypeMismatch { .. })), "{r:?}");
+    assert_eq!(calls, 2);
+    assert_eq!(counts(&m), before);
+    m.close();
+}
