@@ -5,6 +5,7 @@
 use super::NDArray;
 use super::reduce::{normalize_axes, normalize_axis, reduced_shape};
 use crate::DType;
+use crate::autograd::backward::keep_dims_shape;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::dtype::{Native, dispatch, dispatch_float};
 use crate::engine::layout::{Strides, for_each_row};
@@ -145,31 +146,6 @@ fn stat_reduction(
     Ok(NDArray { id })
 }
 
-/// Normalized reduced axes (all when `None`), the shape with them kept as size 1, and
-/// the number of elements each output element reduces.
-fn kept(shape: &Shape, axes: &AxisList) -> (SmallVec<[isize; 4]>, Shape, usize) {
-    let nd = shape.ndim() as isize;
-    let axes: SmallVec<[isize; 4]> = match axes {
-        None => (0..nd).collect(),
-        Some(a) => a.iter().map(|&x| if x < 0 { x + nd } else { x }).collect(),
-    };
-    let mut count = 1;
-    let dims: Dims = shape
-        .dims()
-        .iter()
-        .enumerate()
-        .map(|(d, &n)| {
-            if axes.contains(&(d as isize)) {
-                count *= n;
-                1
-            } else {
-                n
-            }
-        })
-        .collect();
-    (axes, Shape(dims), count)
-}
-
 /// `g` where `cond`, else 0.
 fn or_zero(cond: NDArray, g: NDArray) -> Result<NDArray> {
     let zero = g
@@ -196,7 +172,11 @@ impl Backward for StatRule {
     }
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
         let x = cx.inputs[0];
-        let (axes, ks, n) = kept(&cx.shapes[0], &self.axes);
+        let (ks, n) = keep_dims_shape(&cx.shapes[0], &self.axes);
+        let axes: SmallVec<[isize; 4]> = match &self.axes {
+            Some(a) => a.clone(),
+            None => (0..cx.shapes[0].ndim() as isize).collect(),
+        };
         let gk = g.try_reshape(ks.clone())?;
         let grad = match self.stat {
             Stat::Var => {

@@ -103,8 +103,12 @@ fn masked(mask: NDArray, g: NDArray) -> Result<NDArray> {
     mask.try_where_(g, zero_like(g)?)
 }
 
-/// The shape with the reduced `axes` kept as size 1.
-fn keep_dims_shape(shape: &Shape, axes: &Option<SmallVec<[isize; 4]>>) -> (Shape, usize) {
+/// The shape with the reduced `axes` (all when `None`; negative count from the end)
+/// kept as size 1, and the number of elements each output element reduces.
+pub(crate) fn keep_dims_shape(
+    shape: &Shape,
+    axes: &Option<SmallVec<[isize; 4]>>,
+) -> (Shape, usize) {
     let nd = shape.ndim();
     let norm: SmallVec<[usize; 4]> = match axes {
         None => (0..nd).collect(),
