@@ -1,7 +1,7 @@
 //! [`Linear`]: `y = x Wᵀ + b`, with PyTorch's layout and initialisation.
 
 use super::init::{Init, fan_in_and_fan_out};
-use super::{Module, make_parameter};
+use super::{Module, build_in, make_parameter};
 use crate::error::{NdError, Result, unwrap};
 use crate::{DType, NDArray, NDManager};
 
@@ -92,34 +92,26 @@ impl LinearBuilder {
         let shape = [self.out_features, self.in_features];
         let (fan_in, _) = fan_in_and_fan_out(&shape.into())?;
         let bias_init = self.bias_init.unwrap_or(Init::bias_default(fan_in));
-        let sub = m.try_new_sub_manager()?;
-        sub.set_name("Linear");
-        let made = (|| {
-            let weight = make_parameter(self.weight_init.try_create(&sub, shape, self.dtype)?)?;
+        let (manager, (weight, bias)) = build_in(m, "Linear", |sub| {
+            let weight = make_parameter(self.weight_init.try_create(sub, shape, self.dtype)?)?;
             let bias = match self.bias {
                 true => Some(make_parameter(bias_init.try_create(
-                    &sub,
+                    sub,
                     [self.out_features],
                     self.dtype,
                 )?)?),
                 false => None,
             };
             Ok((weight, bias))
-        })();
-        match made {
-            Ok((weight, bias)) => Ok(Linear {
-                weight,
-                bias,
-                manager: sub,
-                in_features: self.in_features,
-                out_features: self.out_features,
-                training: true,
-            }),
-            Err(e) => {
-                sub.close();
-                Err(e)
-            }
-        }
+        })?;
+        Ok(Linear {
+            weight,
+            bias,
+            manager,
+            in_features: self.in_features,
+            out_features: self.out_features,
+            training: true,
+        })
     }
 }
 
