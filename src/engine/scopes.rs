@@ -124,13 +124,18 @@ impl Ctx {
 
     /// Open a scope of this thread in shard `s` (this thread's).
     pub(crate) fn open_scope(&mut self, s: u32, at: SourceLocation) -> ScopeId {
-        let parent = current_scope();
+        let id = self.insert_scope(s, at, current_scope());
+        CURRENT_SCOPE.with(|c| c.set(Some(id)));
+        id
+    }
+
+    /// A new scope record in shard `s`, a child of `parent` (whose shard must be held),
+    /// not made current.
+    fn insert_scope(&mut self, s: u32, at: SourceLocation, parent: Option<ScopeId>) -> ScopeId {
+        let depth = self.depth_below(parent);
         let sh = self.sh(s);
-        let depth = parent
-            .and_then(|p| sh.scopes.get(p))
-            .map_or(0, |p| p.depth + 1);
         let arrays = sh.spare_lists.pop().unwrap_or_default();
-        let id = sh.scopes.insert(ScopeRec {
+        sh.scopes.insert(ScopeRec {
             parent,
             depth,
             arrays,
@@ -138,9 +143,7 @@ impl Ctx {
             opened_at: at,
             resources: Vec::new(),
             task: None,
-        });
-        CURRENT_SCOPE.with(|c| c.set(Some(id)));
-        id
+        })
     }
 
     /// Open a record of an async task's scope in shard `s` (this thread's), a child of
@@ -155,18 +158,7 @@ impl Ctx {
         parent: Option<ScopeId>,
         primary: Option<ScopeId>,
     ) -> ScopeId {
-        let depth = self.depth_below(parent);
-        let sh = self.sh(s);
-        let arrays = sh.spare_lists.pop().unwrap_or_default();
-        let id = sh.scopes.insert(ScopeRec {
-            parent,
-            depth,
-            arrays,
-            foreign: SmallVec::new(),
-            opened_at: at,
-            resources: Vec::new(),
-            task: None,
-        });
+        let id = self.insert_scope(s, at, parent);
         let tag = TaskTag {
             end: TaskEnd::Cancelled,
             primary: primary.unwrap_or(id),
