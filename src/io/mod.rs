@@ -243,8 +243,8 @@ mod raw {
         }
     }
 
-    /// Open a file for reading; a directory or a missing file is an `Io` error.
-    pub(crate) fn open_file(op: &'static str, path: &Path) -> Result<std::fs::File> {
+    /// An `Io` error if `path` is a directory.
+    pub(crate) fn not_a_dir(op: &'static str, path: &Path) -> Result<()> {
         if path.is_dir() {
             return Err(NdError::Io {
                 op,
@@ -253,6 +253,12 @@ mod raw {
                 kind: std::io::ErrorKind::IsADirectory,
             });
         }
+        Ok(())
+    }
+
+    /// Open a file for reading; a directory or a missing file is an `Io` error.
+    pub(crate) fn open_file(op: &'static str, path: &Path) -> Result<std::fs::File> {
+        not_a_dir(op, path)?;
         std::fs::File::open(path).map_err(|e| io_error(op, path, e))
     }
 

@@ -3,7 +3,7 @@
 
 use super::raw::{
     Raw, check_manager, check_names, checked_bytes, close_all, create, decode, format_error,
-    io_error, read_file, read_raw,
+    io_error, not_a_dir, read_file, read_raw,
 };
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use crate::shape::Dims;
@@ -88,14 +88,7 @@ pub(crate) fn write<S: AsRef<str>>(
         .iter()
         .map(|(n, a)| Ok((n.as_ref(), StView::from(read_raw(*a)?))))
         .collect::<Result<Vec<_>>>()?;
-    if path.is_dir() {
-        return Err(NdError::Io {
-            op,
-            path: path.to_path_buf(),
-            msg: "is a directory".into(),
-            kind: std::io::ErrorKind::IsADirectory,
-        });
-    }
+    not_a_dir(op, path)?;
     safetensors::serialize_to_file(views.iter().map(|(n, v)| (*n, v)), None, path)
         .map_err(|e| st_error(op, path, e))
 }
