@@ -223,9 +223,18 @@ fn main() {
     let json = std::env::args().any(|a| a == "--json");
     let quick = std::env::args().any(|a| a == "--quick");
     let r = if quick { 1 } else { 15 };
-    // Iteration counts and sizes shrink by this factor in quick mode.
-    let it = |n: usize| if quick { (n / 1000).max(1) } else { n };
     let args: Vec<String> = std::env::args().collect();
+    // Iteration counts and sizes shrink by this factor in quick mode.
+    // `--iters N` fixes every timing loop's iteration count (for callgrind profiles).
+    let iters: Option<usize> = args
+        .iter()
+        .position(|a| a == "--iters")
+        .and_then(|i| args.get(i + 1)?.parse().ok());
+    let it = |n: usize| match iters {
+        Some(k) => k,
+        None if quick => (n / 1000).max(1),
+        None => n,
+    };
     let only = args
         .iter()
         .position(|a| a == "--only")
