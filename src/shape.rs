@@ -14,8 +14,23 @@ pub(crate) type Dims = SmallVec<[usize; 4]>;
 /// assert_eq!(Shape::from(()).ndim(), 0);
 /// assert_eq!(Shape::from(vec![4]).to_string(), "[4]");
 /// ```
-#[derive(PartialEq, Eq, Hash, Default)]
+#[derive(Eq, Default)]
 pub struct Shape(pub(crate) Dims);
+
+impl PartialEq for Shape {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        // An element loop: shapes are short, and the slice comparison calls `memcmp`.
+        let (a, b) = (self.dims(), other.dims());
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+    }
+}
+
+impl std::hash::Hash for Shape {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.dims().hash(h);
+    }
+}
 
 impl Clone for Shape {
     #[inline]
@@ -28,6 +43,7 @@ impl Clone for Shape {
 
 impl Shape {
     /// The dimensions.
+    #[inline]
     pub fn dims(&self) -> &[usize] {
         &self.0
     }

@@ -5,7 +5,7 @@
 
 #[cfg(not(feature = "untracked"))]
 use super::records::Tomb;
-use super::records::{ArrayRec, BufMeta, Cause};
+use super::records::{ArrayRec, BufMeta, Cause, ColdRec};
 use super::shard::{CURRENT_SCOPE, Ctx, Shard, Shards, add};
 use super::slab::{ArrayId, BufId, MgrId};
 use super::{Buffer, Layout};
@@ -14,6 +14,23 @@ use crate::diag::config;
 use crate::error::{Result, SourceLocation};
 use smallvec::SmallVec;
 use std::sync::Arc;
+
+/// What [`Ctx::free_array`] keeps of a record it removes.
+struct Freed {
+    buffer: BufId,
+    manager: MgrId,
+    mgr_pos: u32,
+    #[cfg_attr(feature = "untracked", allow(dead_code))]
+    dtype: DType,
+    #[cfg_attr(feature = "untracked", allow(dead_code))]
+    created_at: SourceLocation,
+    grad: Option<ArrayId>,
+    scopes: SmallVec<[(super::slab::ScopeId, u32); 1]>,
+    #[cfg_attr(feature = "untracked", allow(dead_code))]
+    shape: crate::Shape,
+    #[cfg_attr(feature = "untracked", allow(dead_code))]
+    cold: Option<Box<ColdRec>>,
+}
 
 /// Where a new array's data comes from.
 pub(crate) enum Data {
@@ -177,12 +194,15 @@ impl Ctx {
             mgr_pos,
             scopes: SmallVec::new(),
             retains: 0,
-            created_at: at,
-            created_bt: backtrace(),
-            temp_home: None,
-            grad: None,
             holds: 0,
-            orphaned: None,
+            created_at: at,
+            grad: None,
+            cold: backtrace().map(|bt| {
+                Box::new(ColdRec {
+                    created_bt: Some(bt),
+                    ..Default::default()
+                })
+            }),
         });
         sh.entry_mut(mgr).arrays.push(id);
         match new_bytes {
@@ -309,17 +329,19 @@ impl Ctx {
 
     pub(crate) fn attach(&mut self, id: ArrayId, to: MgrId) -> Result<()> {
         self.move_array(id, to)?;
-        self.array_mut(id).temp_home = None;
+        if let Some(c) = &mut self.array_mut(id).cold {
+            c.temp_home = None;
+        }
         Ok(())
     }
 
     pub(crate) fn temp_attach(&mut self, id: ArrayId, to: MgrId) -> Result<()> {
         let home = {
             let r = self.array(id)?;
-            r.temp_home.unwrap_or(r.manager)
+            r.temp_home().unwrap_or(r.manager)
         };
         self.move_array(id, to)?;
-        self.array_mut(id).temp_home = Some(home);
+        self.array_mut(id).cold_mut().temp_home = Some(home);
         Ok(())
     }
 
@@ -333,7 +355,19 @@ impl Ctx {
     ) -> bool {
         let s = id.shard;
         let sh = self.sh(s);
-        let Some(rec) = sh.arrays.remove(id) else {
+        // Move out only what outlives the record (the shape goes to its tombstone);
+        // the record is dropped where it lies.
+        let Some(rec) = sh.arrays.remove_with(id, |r| Freed {
+            buffer: r.buffer,
+            manager: r.manager,
+            mgr_pos: r.mgr_pos,
+            dtype: r.dtype,
+            created_at: r.created_at,
+            grad: r.grad,
+            scopes: std::mem::take(&mut r.scopes),
+            shape: std::mem::take(&mut r.layout.shape),
+            cold: r.cold.take(),
+        }) else {
             return false;
         };
         // A parameter's gradient lives and dies with it.
@@ -356,13 +390,14 @@ impl Ctx {
         {
             let sh = self.sh(s);
             let closed_bt = backtrace();
-            if rec.created_bt.is_some() || closed_bt.is_some() {
-                sh.traces.bury(id, (rec.created_bt, closed_bt));
+            let created_bt = rec.cold.and_then(|c| c.created_bt);
+            if created_bt.is_some() || closed_bt.is_some() {
+                sh.traces.bury(id, (created_bt, closed_bt));
             }
             sh.graves.bury(
                 id,
                 Tomb {
-                    shape: rec.layout.shape,
+                    shape: rec.shape,
                     dtype: rec.dtype,
                     created_at: rec.created_at,
                     closed_at: at,
@@ -433,7 +468,7 @@ impl Ctx {
         if r.holds == 0
             && r.retains == 0
             && r.scopes.is_empty()
-            && let Some(cause) = r.orphaned
+            && let Some(cause) = r.orphaned()
         {
             self.free_array(id, None, cause);
         }

@@ -39,6 +39,7 @@ impl Layout {
     }
 
     /// Whether the elements are exactly `offset .. offset + size` in row-major order.
+    #[inline]
     pub(crate) fn is_contiguous(&self) -> bool {
         let mut expected = 1isize;
         for (&d, &s) in self.shape.0.iter().zip(self.strides.iter()).rev() {

@@ -475,7 +475,7 @@ pub(crate) fn close(mid: MgrId, at: SourceLocation) -> Vec<Box<dyn Resource>> {
                     // A temporarily attached array goes home if its home is still open
                     // (also a manager of this subtree that closes later: it is freed
                     // then, with that manager named as the cause).
-                    let home = ctx.array_mut(id).temp_home;
+                    let home = ctx.array_mut(id).temp_home();
                     let returned = home.is_some_and(|h| {
                         if let Some(j) = order.iter().position(|&o| o == h) {
                             if j < k {

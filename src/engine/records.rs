@@ -29,27 +29,63 @@ pub trait Resource: Send {
 pub(crate) struct ArrayRec {
     pub buffer: BufId,
     pub layout: Layout,
-    pub dtype: DType,
     pub manager: MgrId,
     /// Position in the manager's array list of this shard.
     pub mgr_pos: u32,
-    /// Scope registrations: scope and position in its list.
-    pub scopes: SmallVec<[(ScopeId, u32); 1]>,
     pub retains: u32,
-    pub created_at: SourceLocation,
-    #[cfg_attr(feature = "untracked", allow(dead_code))]
-    pub created_bt: Option<Arc<str>>,
-    pub temp_home: Option<MgrId>,
-    // ---- autograd (see `crate::autograd`): a small, self-contained addition.
-    /// The gradient array of a parameter (`set_requires_gradient(true)`); freed with it.
-    pub grad: Option<ArrayId>,
     /// Holds by gradient tapes: like retains they keep the array alive past the close of
     /// its scopes, but they are not user references (not in `ref_count`), so dropping
     /// the last one frees the array only if a scope close wanted to free it meanwhile.
     pub holds: u32,
+    pub dtype: DType,
+    /// Scope registrations: scope and position in its list.
+    pub scopes: SmallVec<[(ScopeId, u32); 1]>,
+    pub created_at: SourceLocation,
+    /// The gradient array of a parameter (`set_requires_gradient(true)`); freed with it.
+    pub grad: Option<ArrayId>,
+    /// The rare fields, out of line (`None` for almost every array): keeps the record
+    /// small, so inserting and freeing one moves little memory.
+    pub cold: Option<Box<ColdRec>>,
+}
+
+/// The fields of an [`ArrayRec`] that almost every array leaves empty.
+#[derive(Default)]
+pub(crate) struct ColdRec {
+    /// The creation backtrace (verbose mode only).
+    #[cfg_attr(feature = "untracked", allow(dead_code))]
+    pub created_bt: Option<Arc<str>>,
+    /// The manager a temporarily attached array returns to.
+    pub temp_home: Option<MgrId>,
     /// Set (to the close's cause) when a scope close left the array alive only
     /// because of tape holds; the last `unhold` then frees it.
     pub orphaned: Option<Cause>,
+}
+
+impl ArrayRec {
+    /// The manager a temporarily attached array returns to.
+    #[inline]
+    pub(crate) fn temp_home(&self) -> Option<MgrId> {
+        self.cold.as_ref().and_then(|c| c.temp_home)
+    }
+
+    /// Why a scope close would have freed this tape-held array.
+    #[inline]
+    pub(crate) fn orphaned(&self) -> Option<Cause> {
+        self.cold.as_ref().and_then(|c| c.orphaned)
+    }
+
+    /// The cold fields, for writing (made on first use).
+    pub(crate) fn cold_mut(&mut self) -> &mut ColdRec {
+        self.cold.get_or_insert_with(Default::default)
+    }
+
+    /// Forget a recorded orphaning (the array is registered or retained again).
+    #[inline]
+    pub(crate) fn clear_orphaned(&mut self) {
+        if let Some(c) = &mut self.cold {
+            c.orphaned = None;
+        }
+    }
 }
 
 /// A data buffer and the arrays of this shard that view it.

@@ -52,7 +52,7 @@ impl Ctx {
                 return;
             }
             r.scopes.push((sid, scope.arrays.len() as u32));
-            r.orphaned = None;
+            r.clear_orphaned();
             scope.arrays.push(id);
             return;
         }
@@ -65,7 +65,7 @@ impl Ctx {
             return;
         }
         r.scopes.push((sid, pos));
-        r.orphaned = None;
+        r.clear_orphaned();
         let scope = self.sh(sid.shard).scopes.get_mut(sid).expect("checked");
         scope.arrays.push(id);
         if id.shard != sid.shard && !scope.foreign.contains(&id.shard) {
@@ -352,7 +352,7 @@ impl Ctx {
         if r.scopes.is_empty() && r.retains == 0 && r.holds > 0 {
             // Kept for a gradient tape; its last `unhold` frees it, recording this
             // close's cause (a scope's, or an async task's and how it ended).
-            r.orphaned = Some(cause);
+            r.cold_mut().orphaned = Some(cause);
         } else if r.scopes.is_empty() && r.retains == 0 {
             self.free_array(id, at, cause);
         }

@@ -18,6 +18,7 @@
 //! walks cold slots.
 
 use std::marker::PhantomData;
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Kind marker: array records.
@@ -37,7 +38,8 @@ pub(crate) enum ScopeK {}
 pub(crate) struct Id<K> {
     pub shard: u32,
     pub index: u32,
-    pub serial: u64,
+    /// Never 0 (serials start at 1), so an `Option<Id>` is no larger than an `Id`.
+    pub serial: NonZeroU64,
     _kind: PhantomData<fn() -> K>,
 }
 
@@ -66,7 +68,7 @@ impl<K> Eq for Id<K> {}
 impl<K> std::hash::Hash for Id<K> {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
         // Serials are unique per kind: they alone identify the entry.
-        h.write_u64(self.serial);
+        h.write_u64(self.serial.get());
     }
 }
 impl<K> std::fmt::Debug for Id<K> {
@@ -77,6 +79,9 @@ impl<K> std::fmt::Debug for Id<K> {
 
 impl<K> Id<K> {
     pub(crate) const fn new(shard: u32, index: u32, serial: u64) -> Self {
+        let Some(serial) = NonZeroU64::new(serial) else {
+            panic!("serial numbers start at 1");
+        };
         Id {
             shard,
             index,
@@ -87,7 +92,7 @@ impl<K> Id<K> {
 
     /// The entry's serial number: unique over the process's lifetime (per kind).
     pub(crate) fn uid(self) -> u64 {
-        self.serial
+        self.serial.get()
     }
 }
 
@@ -146,6 +151,7 @@ impl<K, L> Slab<K, L> {
         s
     }
 
+    #[inline]
     pub(crate) fn insert(&mut self, value: L) -> Id<K> {
         self.live += 1;
         let serial = self.serial();
@@ -177,7 +183,7 @@ impl<K, L> Slab<K, L> {
             Some(Slot {
                 serial,
                 value: Some(v),
-            }) if *serial == id.serial => Some(v),
+            }) if *serial == id.serial.get() => Some(v),
             _ => None,
         }
     }
@@ -188,21 +194,42 @@ impl<K, L> Slab<K, L> {
             Some(Slot {
                 serial,
                 value: Some(v),
-            }) if *serial == id.serial => Some(v),
+            }) if *serial == id.serial.get() => Some(v),
             _ => None,
         }
     }
 
     /// Remove a live entry and return it (`None` if `id` is stale).
+    #[inline]
     pub(crate) fn remove(&mut self, id: Id<K>) -> Option<L> {
         let slot = self.slots.get_mut(id.index as usize)?;
-        if slot.serial != id.serial {
+        if slot.serial != id.serial.get() {
             return None;
         }
         let v = slot.value.take()?;
         self.live -= 1;
         self.free.push(id.index);
         Some(v)
+    }
+
+    /// Remove a live entry in place: `take` moves out what the caller keeps, then the
+    /// rest is dropped where it lies (the entry itself is never copied). `None` if
+    /// `id` is stale.
+    #[inline]
+    pub(crate) fn remove_with<R>(
+        &mut self,
+        id: Id<K>,
+        take: impl FnOnce(&mut L) -> R,
+    ) -> Option<R> {
+        let slot = self.slots.get_mut(id.index as usize)?;
+        if slot.serial != id.serial.get() {
+            return None;
+        }
+        let kept = take(slot.value.as_mut()?);
+        slot.value = None;
+        self.live -= 1;
+        self.free.push(id.index);
+        Some(kept)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -241,7 +268,11 @@ impl<K, D> Graveyard<K, D> {
         } else {
             self.ring[self.next] = (id, tombstone);
         }
-        self.next = (self.next + 1) % self.capacity;
+        // A compare, not `%`: a division costs more than the rest of a bury.
+        self.next += 1;
+        if self.next == self.capacity {
+            self.next = 0;
+        }
     }
 
     /// What `id` was, if it is still remembered. O(capacity): error paths only.

@@ -47,6 +47,19 @@ const LOCAL_CLASSES: usize = 1 + (11 - 6) * 4 + 4;
 const _: () = assert!(class_size(LOCAL_CLASSES as u32 - 1) == LOCAL_MAX_BLOCK);
 const _: () = assert!(class_size(LOCAL_CLASSES as u32) > LOCAL_MAX_BLOCK);
 
+/// Blocks kept per class in a thread-local cache (`LOCAL_CLASS_BYTES / size`, at least
+/// one): a table, so giving a block back divides nothing.
+const LOCAL_PER_CLASS: [usize; LOCAL_CLASSES] = {
+    let mut t = [0; LOCAL_CLASSES];
+    let mut c = 0;
+    while c < LOCAL_CLASSES {
+        let n = LOCAL_CLASS_BYTES / class_size(c as u32);
+        t[c] = if n == 0 { 1 } else { n };
+        c += 1;
+    }
+    t
+};
+
 /// Default cap on cached bytes: 1 GiB.
 pub(crate) const DEFAULT_LIMIT: usize = 1 << 30;
 
@@ -236,7 +249,7 @@ pub(crate) fn give(class: u32, ptr: NonNull<u8>) {
             let Ok(mut l) = l.try_borrow_mut() else {
                 return false;
             };
-            let per_class = (LOCAL_CLASS_BYTES / size).max(1);
+            let per_class = LOCAL_PER_CLASS[c];
             if l.free[c].len() >= per_class {
                 return false;
             }
