@@ -5,7 +5,7 @@
 
 #[cfg(not(feature = "untracked"))]
 use super::records::Tomb;
-use super::records::{ArrayRec, BufMeta, Cause, ColdRec};
+use super::records::{ArrayRec, BufMeta, Cause, ColdRec, Store};
 use super::shard::{CURRENT_SCOPE, Ctx, Shard, Shards, add};
 use super::slab::{ArrayId, BufId, MgrId};
 use super::{Buffer, Layout};
@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 /// What [`Ctx::free_array`] keeps of a record it removes.
 struct Freed {
-    buffer: BufId,
+    store: Store,
     manager: MgrId,
     mgr_pos: u32,
     #[cfg_attr(feature = "untracked", allow(dead_code))]
@@ -79,20 +79,21 @@ impl Shard {
         let Some(r) = self.arrays.get(id) else {
             return true; // nothing to free
         };
-        r.buffer.shard == s
-            && r.scopes.iter().all(|(sc, _)| {
-                sc.shard == s && self.scopes.get(*sc).is_none_or(|x| x.foreign.is_empty())
-            })
-            && r.grad.is_none_or(|g| g.shard == s && self.free_is_local(g))
-            && self.buffers.get(r.buffer).is_none_or(|m| {
-                // Data only this shard views, or not the last holder of its record:
-                // nothing outside this shard changes.
-                (m.home.is_none() && m.proxies.is_empty()) || m.holders.len() > 1
-            })
+        r.scopes.iter().all(|(sc, _)| {
+            sc.shard == s && self.scopes.get(*sc).is_none_or(|x| x.foreign.is_empty())
+        }) && r.grad.is_none_or(|g| g.shard == s && self.free_is_local(g))
+            && match r.store {
+                Store::Own(_) => true,
+                Store::Shared(b) => self.buffers.get(b).is_none_or(|m| {
+                    // Data only this shard views, or not the last holder of its
+                    // record: nothing outside this shard changes.
+                    (m.home.is_none() && m.proxies.is_empty()) || m.holders.len() > 1
+                }),
+            }
     }
 
     /// An `Arc` around `buf`, reusing a spare shell when one is kept.
-    fn wrap_buffer(&mut self, buf: Buffer) -> Arc<Buffer> {
+    pub(crate) fn wrap_buffer(&mut self, buf: Buffer) -> Arc<Buffer> {
         match self.spare_arcs.pop() {
             Some(mut shell) => {
                 *Arc::get_mut(&mut shell).expect("spare shells are unique") = buf;
@@ -131,10 +132,11 @@ impl Ctx {
         };
         // The buffer record is in this shard; its last holder's free may drop a proxy
         // (touching the home) or pass the charge to another shard's record.
-        let m = self.buffer(r.buffer);
-        let shared = m.home.is_some() || !m.proxies.is_empty();
-        if shared {
-            let home = m.home_of(r.buffer);
+        if let Store::Shared(b) = r.store
+            && let m = self.buffer(b)
+            && (m.home.is_some() || !m.proxies.is_empty())
+        {
+            let home = m.home_of(b);
             // The last holder of a record drops a proxy from its home, and if charged
             // passes the charge to another record.
             if m.holders.len() == 1 {
@@ -171,23 +173,19 @@ impl Ctx {
     ) -> Result<ArrayId> {
         let sh = self.sh(s);
         let mgr_pos = sh.accepts(mgr)?.arrays.len() as u32;
-        let (buffer, new_bytes) = match data {
+        let (store, new_bytes, shared) = match data {
+            // A new buffer stays in its array's record until something shares it.
             Data::New(buf) => {
                 let bytes = buf.bytes();
-                let buf = sh.wrap_buffer(buf);
-                let meta = BufMeta {
-                    buf,
-                    holders: Default::default(),
-                    carries: true,
-                    home: None,
-                    proxies: SmallVec::new(),
-                };
-                (sh.buffers.insert(meta), Some(bytes))
+                (Store::Own(buf), bytes, None)
             }
-            Data::Share(b) => (b, None),
+            Data::Share(b) => {
+                debug_assert_eq!(b.shard, s, "views use a buffer record of their shard");
+                (Store::Shared(b), 0, Some(b))
+            }
         };
         let id = sh.arrays.insert(ArrayRec {
-            buffer,
+            store,
             layout,
             dtype,
             manager: mgr,
@@ -205,14 +203,15 @@ impl Ctx {
             }),
         });
         sh.entry_mut(mgr).arrays.push(id);
-        match new_bytes {
-            Some(bytes) => sh.adjust(mgr, 1, 1, bytes as isize, 1),
-            None => sh.adjust(mgr, 1, 0, 0, 0),
+        match shared {
+            // A new buffer is charged to its array; a view adds only an array.
+            None => sh.adjust(mgr, 1, 1, new_bytes as isize, 1),
+            Some(b) => {
+                sh.adjust(mgr, 1, 0, 0, 0);
+                let meta = sh.buffers.get_mut(b).expect("live buffer");
+                meta.holders.push(id);
+            }
         }
-        // A new buffer's first holder is charged for it; a view adds only an array.
-        debug_assert_eq!(buffer.shard, s, "views use a buffer record of their shard");
-        let meta = sh.buffers.get_mut(buffer).expect("live buffer");
-        meta.holders.push(id);
         if let Some(scope) = CURRENT_SCOPE.with(|c| c.get()) {
             self.register(scope, id);
         }
@@ -304,16 +303,16 @@ impl Ctx {
     fn move_array(&mut self, id: ArrayId, to: MgrId) -> Result<()> {
         let s = id.shard;
         self.sh(s).accepts(to)?;
-        let (from, buffer, pos) = {
+        let (from, pos) = {
             let r = self.array(id)?;
-            (r.manager, r.buffer, r.mgr_pos as usize)
+            (r.manager, r.mgr_pos as usize)
         };
         if from == to {
             return Ok(());
         }
-        let meta = self.buffer(buffer);
-        let charged = meta.charged() == Some(id);
-        let bytes = meta.buf.bytes() as isize * charged as isize;
+        let charge = self.charge(id);
+        let charged = charge.is_some();
+        let bytes = charge.unwrap_or(0) as isize;
         let sh = self.sh(s);
         sh.unlink_from_manager(from, pos);
         sh.adjust(from, -1, -(charged as isize), -bytes, 0);
@@ -358,7 +357,7 @@ impl Ctx {
         // Move out only what outlives the record (the shape goes to its tombstone);
         // the record is dropped where it lies.
         let Some(rec) = sh.arrays.remove_with(id, |r| Freed {
-            buffer: r.buffer,
+            store: std::mem::replace(&mut r.store, Store::Own(Buffer::empty())),
             manager: r.manager,
             mgr_pos: r.mgr_pos,
             dtype: r.dtype,
@@ -376,15 +375,25 @@ impl Ctx {
         for &(sid, pos) in &rec.scopes {
             self.scope_unlink_at(sid, pos as usize);
         }
-        match self.remove_holder(rec.buffer, id) {
-            Some((bytes, next)) => {
+        let shared = match rec.store {
+            Store::Own(buf) => {
+                // Its own buffer goes back to the pool with it.
+                self.sh(s)
+                    .adjust(rec.manager, -1, -1, -(buf.bytes() as isize), 0);
+                None
+            }
+            Store::Shared(b) => Some(b),
+        };
+        match shared.map(|b| self.remove_holder(b, id)) {
+            None => {}
+            Some(Some((bytes, next))) => {
                 self.sh(s).adjust(rec.manager, -1, -1, -(bytes as isize), 0);
                 if let Some(n) = next {
                     let nm = self.array_mut(n).manager;
                     self.sh(n.shard).adjust(nm, 0, 1, bytes as isize, 0);
                 }
             }
-            None => self.sh(s).adjust(rec.manager, -1, 0, 0, 0),
+            Some(None) => self.sh(s).adjust(rec.manager, -1, 0, 0, 0),
         }
         #[cfg(not(feature = "untracked"))]
         {

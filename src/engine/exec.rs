@@ -16,9 +16,9 @@
 //!   target, and write.
 
 use super::arrays::Data;
-use super::records::ArrayRec;
+use super::records::{ArrayRec, Store};
 use super::shard::{Ctx, Shards, add, lock_needed, my_shard};
-use super::slab::{ArrayId, BufId, MgrId};
+use super::slab::{ArrayId, MgrId};
 use super::{Buffer, Layout};
 use crate::diag::profile;
 use crate::dtype::Native;
@@ -38,7 +38,6 @@ pub(crate) struct Operand<'a> {
     pub dtype: DType,
     pub id: ArrayId,
     pub created_at: SourceLocation,
-    buffer_id: BufId,
     /// The owning manager (an op's result goes to its first input's).
     manager: MgrId,
 }
@@ -53,7 +52,6 @@ impl<'a> Operand<'a> {
             dtype: r.dtype,
             id,
             created_at: r.created_at,
-            buffer_id: r.buffer,
             manager: r.manager,
         }
     }
@@ -73,6 +71,11 @@ impl<'a> Operand<'a> {
 
     pub(crate) fn buffer_addr(&self) -> usize {
         self.buf.addr()
+    }
+
+    /// Size of the whole buffer the operand views, in bytes.
+    pub(crate) fn buffer_bytes(&self) -> usize {
+        self.buf.bytes()
     }
 
     pub(crate) fn desc(&self) -> Box<ArrayDesc> {
@@ -146,8 +149,7 @@ impl Ctx {
             for &id in ids {
                 debug_assert_eq!(id.shard, *s);
                 let r: &ArrayRec = sh.rec(id)?;
-                let meta = sh.buffers.get(r.buffer).expect("live array has a buffer");
-                ops.push(Operand::of(id, r, &meta.buf));
+                ops.push(Operand::of(id, r, sh.data_of(r)));
             }
             return Ok(());
         }
@@ -158,8 +160,9 @@ impl Ctx {
     }
 
     pub(crate) fn operand(&self, id: ArrayId) -> Result<Operand<'_>> {
-        let r: &ArrayRec = self.array(id)?;
-        Ok(Operand::of(id, r, &self.buffer(r.buffer).buf))
+        let sh = self.shr(id.shard);
+        let r: &ArrayRec = sh.rec(id)?;
+        Ok(Operand::of(id, r, sh.data_of(r)))
     }
 }
 
@@ -229,10 +232,9 @@ fn run_op_inner(
     }
     // Resolved above, so `ops[0]` exists; its manager owns the result.
     let mgr = ops[0].manager;
-    let buffers: SmallVec<[BufId; 3]> = ops.iter().map(|o| o.buffer_id).collect();
     let out = f(&ops)?;
     drop(ops);
-    register_output(&mut ctx, me, mgr, out, &buffers, inputs, at)
+    register_output(&mut ctx, me, mgr, out, inputs, at)
 }
 
 /// The snapshot path: compute with no lock held.
@@ -258,13 +260,12 @@ fn run_op_unlocked(
     };
     drop_snapshots(&mut snaps);
     let out = out?;
-    let buffers: SmallVec<[BufId; 3]> = snaps.iter().map(|s| s.buffer_id).collect();
     let mut ctx = lock_inputs(inputs, me);
     // An input may have been freed meanwhile: a view of it can no longer be made.
     if let Output::View { of, .. } = &out {
         ctx.array(inputs[*of])?;
     }
-    register_output(&mut ctx, me, mgr, out, &buffers, inputs, at)
+    register_output(&mut ctx, me, mgr, out, inputs, at)
 }
 
 /// An op input held across an unlocked compute.
@@ -274,16 +275,25 @@ struct Snapshot {
     dtype: DType,
     id: ArrayId,
     created_at: SourceLocation,
-    buffer_id: BufId,
     manager: MgrId,
     reading: bool,
 }
 
 impl Snapshot {
     fn take(id: ArrayId) -> Result<Snapshot> {
-        let ctx = Ctx::read_only(&[id.shard]);
+        let mut ctx = Ctx::read_only(&[id.shard]);
+        if matches!(ctx.array(id)?.store, Store::Own(_)) {
+            // A snapshot shares the buffer: move it into a buffer record first.
+            drop(ctx);
+            ctx = Ctx::one(id.shard);
+            ctx.array(id)?;
+            ctx.sh(id.shard).share(id);
+        }
         let r = ctx.array(id)?;
-        let buf = ctx.buffer(r.buffer).buf.clone();
+        let Store::Shared(b) = r.store else {
+            unreachable!("shared above")
+        };
+        let buf = ctx.buffer(b).buf.clone();
         // Marked under the lock of the buffer's shard, which writers hold.
         buf.begin_outside_read();
         Ok(Snapshot {
@@ -292,7 +302,6 @@ impl Snapshot {
             dtype: r.dtype,
             id,
             created_at: r.created_at,
-            buffer_id: r.buffer,
             manager: r.manager,
             reading: true,
         })
@@ -305,7 +314,6 @@ impl Snapshot {
             dtype: self.dtype,
             id: self.id,
             created_at: self.created_at,
-            buffer_id: self.buffer_id,
             manager: self.manager,
         }
     }
@@ -356,7 +364,6 @@ fn register_output(
     me: u32,
     mgr: MgrId,
     out: Output,
-    buffers: &[BufId],
     inputs: &[ArrayId],
     at: SourceLocation,
 ) -> Result<ArrayId> {
@@ -370,7 +377,19 @@ fn register_output(
             at,
         ),
         Output::View { of, layout } => {
-            let b = buffers[of];
+            let src = inputs[of];
+            // A view shares its input's buffer record: an input that owns its buffer
+            // moves it into one, which writes the input's shard.
+            if !ctx.holds_mut(src.shard) && matches!(ctx.array(src)?.store, Store::Own(_)) {
+                relock_with(ctx, src.shard);
+            }
+            // (Checked again: the input may have been freed while relocking.)
+            let r = ctx.array(src)?;
+            let dtype = r.dtype;
+            let b = match r.store {
+                Store::Shared(b) => b,
+                Store::Own(_) => ctx.sh(src.shard).share(src),
+            };
             if b.shard != me {
                 // A view of another shard's data goes through this shard's proxy of
                 // it, which may have to be made (under the home's lock).
@@ -383,18 +402,24 @@ fn register_output(
                         .is_some_and(|h| h.proxies.iter().any(|p| p.shard == me));
                 if home.shard != me && !has_proxy && !ctx.holds_mut(home.shard) {
                     // Making the proxy writes the home's shard: lock it exclusively.
-                    let mut want = ctx.held();
-                    want.push(home.shard);
-                    drop(std::mem::replace(ctx, Ctx::Some(SmallVec::new())));
-                    *ctx = Ctx::set(&want);
+                    relock_with(ctx, home.shard);
+                    // A live input's record stays shared, so `b` is still its record.
+                    ctx.array(src)?;
                 }
                 ctx.sh(me).accepts(mgr)?;
             }
-            let dtype = ctx.array(inputs[of])?.dtype;
             let vb = ctx.view_buffer(me, b);
             ctx.insert_array(me, mgr, Data::Share(vb), layout, dtype, at)
         }
     }
+}
+
+/// Unlock `ctx` and lock its shards and `s`, all exclusively.
+fn relock_with(ctx: &mut Ctx, s: u32) {
+    let mut want = ctx.held();
+    want.push(s);
+    drop(std::mem::replace(ctx, Ctx::Some(SmallVec::new())));
+    *ctx = Ctx::set(&want);
 }
 
 /// Create an array from a filled buffer in `mgr`.
@@ -431,7 +456,8 @@ pub(crate) fn run_inplace(
     }
     let need = |ctx: &Ctx, out: &mut Shards| {
         let Ok(r) = ctx.array(target) else { return };
-        let home = ctx.buffer(r.buffer).home_of(r.buffer);
+        let Store::Shared(b) = r.store else { return };
+        let home = ctx.buffer(b).home_of(b);
         add(out, home.shard);
         if ctx.holds(home.shard)
             && let Some(hm) = ctx.shr(home.shard).buffers.get(home)
@@ -445,8 +471,11 @@ pub(crate) fn run_inplace(
     // finish; new ones cannot start while we hold the shards of the buffer's records).
     let ctx = loop {
         let ctx = lock_needed(&first, need);
-        let r = ctx.array(target)?;
-        let buf = ctx.buffer(r.buffer).buf.clone();
+        // An array that owns its buffer has no outside reader (a snapshot shares it).
+        let Store::Shared(b) = ctx.array(target)?.store else {
+            break ctx;
+        };
+        let buf = ctx.buffer(b).buf.clone();
         if !buf.has_outside_readers() {
             break ctx;
         }
@@ -454,7 +483,7 @@ pub(crate) fn run_inplace(
         wait_for_readers(&buf);
     };
     let r = ctx.array(target)?;
-    let tbuf = &ctx.buffer(r.buffer).buf;
+    let tbuf = ctx.shr(target.shard).data_of(r);
     // Inputs sharing the target's buffer are copied out first so reads never alias
     // the write.
     let mut copies: SmallVec<[Option<(Buffer, Layout)>; 2]> = SmallVec::new();

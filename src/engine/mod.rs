@@ -15,12 +15,16 @@
 //!   ([`shard::lock_needed`]) and locks exactly those, in index order; an op that only
 //!   reads another thread's arrays takes that shard shared. A thread's shard outlives
 //!   it (the next new thread adopts it), so arrays outlive their thread.
-//! * **Array record** ([`records::ArrayRec`]): buffer id, layout, dtype, owning
+//! * **Array record** ([`records::ArrayRec`]): data, layout, dtype, owning
 //!   manager and its position in that manager's list (in the shard), scope
 //!   registrations (scope id + position in the scope's list), retain count, tape holds,
 //!   creation site, gradient. Positions make every link and unlink O(1) (swap-remove
 //!   and fix the moved entry), so creating, registering, escaping, unregistering and
 //!   freeing never search.
+//! * **Data** ([`records::Store`]): an array that is the only viewer of its buffer (most
+//!   arrays: op results, parameters, batches) keeps the buffer in its record, charged to
+//!   it, so creating and freeing it touches nothing else. Its first view, or a large
+//!   op reading it outside the lock, moves the buffer into a shared record:
 //! * **Buffer** ([`records::BufMeta`]): an `Arc<Buffer>` plus the arrays of the shard
 //!   that view it. Every array's buffer record is in its own shard: the data's home
 //!   record where it was made, a proxy record in each other shard that views it, so a
@@ -528,7 +532,7 @@ pub(crate) fn scopes_stats(sids: &[ScopeId]) -> Stats {
             && seen.insert(o.buffer_addr())
         {
             stats.buffers += 1;
-            stats.bytes += ctx.buffer(ctx.array(id).expect("live").buffer).buf.bytes();
+            stats.bytes += o.buffer_bytes();
         }
     }
     stats.peak = stats.bytes;

@@ -27,7 +27,8 @@ pub trait Resource: Send {
 }
 
 pub(crate) struct ArrayRec {
-    pub buffer: BufId,
+    /// The data: the array's own buffer, or a shared buffer record of this shard.
+    pub store: Store,
     pub layout: Layout,
     pub manager: MgrId,
     /// Position in the manager's array list of this shard.
@@ -46,6 +47,21 @@ pub(crate) struct ArrayRec {
     /// The rare fields, out of line (`None` for almost every array): keeps the record
     /// small, so inserting and freeing one moves little memory.
     pub cold: Option<Box<ColdRec>>,
+}
+
+/// Where an array's data lives.
+///
+/// Most arrays are the only viewer of their buffer: an op's result, a parameter, a
+/// batch. Such an array keeps the buffer in its record (`Own`), charged to it, and
+/// creating or freeing it touches no buffer record. The first view of it (or an op
+/// that reads it outside the lock) moves the buffer into a shared [`BufMeta`]
+/// record with the array as its first, charged holder ([`Shard::share`]).
+pub(crate) enum Store {
+    /// The array's own buffer: no other array views it, and its bytes are charged to
+    /// the array.
+    Own(Buffer),
+    /// A buffer record of the array's shard (home or proxy), shared with views.
+    Shared(BufId),
 }
 
 /// The fields of an [`ArrayRec`] that almost every array leaves empty.
@@ -220,6 +236,38 @@ pub(crate) struct Tomb {
 }
 
 impl Shard {
+    /// The data of record `r` (an array of this shard).
+    #[inline]
+    pub(crate) fn data_of<'a>(&'a self, r: &'a ArrayRec) -> &'a Buffer {
+        match &r.store {
+            Store::Own(b) => b,
+            Store::Shared(b) => &self.buffers.get(*b).expect("live array has a buffer").buf,
+        }
+    }
+
+    /// The shared buffer record of live array `id` of this shard, moving its own
+    /// buffer into a new record (with `id` as the first, charged holder) if it has
+    /// one.
+    pub(crate) fn share(&mut self, id: ArrayId) -> BufId {
+        let r = self.arrays.get_mut(id).expect("sharing a live array");
+        let buf = match &mut r.store {
+            Store::Shared(b) => return *b,
+            Store::Own(b) => std::mem::replace(b, Buffer::empty()),
+        };
+        let mut holders = Holders::default();
+        holders.push(id);
+        let buf = self.wrap_buffer(buf);
+        let b = self.buffers.insert(BufMeta {
+            buf,
+            holders,
+            carries: true,
+            home: None,
+            proxies: SmallVec::new(),
+        });
+        self.arrays.get_mut(id).expect("live").store = Store::Shared(b);
+        b
+    }
+
     /// The record of a live array of this shard.
     #[inline]
     pub(crate) fn rec(&self, id: ArrayId) -> crate::Result<&ArrayRec> {
@@ -301,14 +349,18 @@ impl Ctx {
     /// Bytes charged to this array: its buffer's size if it is the buffer's first
     /// holder, else 0 (views share their base's bytes).
     pub(crate) fn charged_bytes(&self, id: ArrayId) -> usize {
-        let Ok(r) = self.array(id) else {
-            return 0;
-        };
-        let meta = self.buffer(r.buffer);
-        if meta.charged() == Some(id) {
-            meta.buf.bytes()
-        } else {
-            0
+        self.charge(id).unwrap_or(0)
+    }
+
+    /// `Some(bytes of its buffer)` if live array `id` is charged for its buffer.
+    pub(crate) fn charge(&self, id: ArrayId) -> Option<usize> {
+        let r = self.array(id).ok()?;
+        match r.store {
+            Store::Own(ref b) => Some(b.bytes()),
+            Store::Shared(b) => {
+                let meta = self.buffer(b);
+                (meta.charged() == Some(id)).then(|| meta.buf.bytes())
+            }
         }
     }
 }

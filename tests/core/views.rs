@@ -297,3 +297,52 @@ fn views_follow_manager_close() {
     assert!(v.is_closed());
     assert!(matches!(v.try_get("0"), Err(NdError::Closed(_))));
 }
+
+/// An array that owns its buffer alone moves it into a shared record when something
+/// first shares it: a view, or a large op reading it outside the lock. Accounting is
+/// the same either way: one buffer, charged once, moved with the array between managers,
+/// and back to the baseline when everything is freed.
+#[test]
+fn sharing_an_owned_buffer_keeps_its_accounting() {
+    let m = NDManager::new();
+    let other = NDManager::new();
+    let base = m.memory();
+    let n = 1 << 16; // above the size that ops read with no lock held
+    let a = m.ones([n], DType::F32);
+    let bytes = n * 4;
+    assert_eq!(m.memory().live_bytes, base.live_bytes + bytes);
+    // A large op snapshots `a` (its buffer becomes shared); the result is new data.
+    let s = a.sum();
+    assert_eq!(f32s(s), vec![n as f32]);
+    s.close();
+    // An in-place write still sees no reader and writes.
+    a.try_addi(1.0).unwrap();
+    let first = a.get("0");
+    assert_eq!(f32s(first), vec![2.0]);
+    first.close();
+    // Moving the (now shared) array moves its charge.
+    a.attach(&other);
+    assert_eq!(m.memory().live_bytes, base.live_bytes);
+    assert_eq!(other.memory().live_bytes, bytes);
+    assert_eq!(other.memory().live_buffers, 1);
+    // A view of it adds an array, not bytes; freeing the base leaves the view charged.
+    let v = a.get("10:20");
+    assert_eq!(other.memory().live_bytes, bytes);
+    a.close();
+    assert_eq!(other.memory().live_bytes, bytes);
+    assert_eq!(f32s(v), vec![2.0; 10]);
+    v.close();
+    assert_eq!(other.memory().live_bytes, 0);
+    assert_eq!(other.memory().live_buffers, 0);
+    // A small owned array viewed, then the view freed first, then the base.
+    let b = m.create(&[1.0f32, 2.0, 3.0], [3]);
+    let w = b.get("1:");
+    assert_eq!(m.memory().live_buffers, base.live_buffers + 1);
+    w.close();
+    assert_eq!(m.memory().live_bytes, base.live_bytes + 12);
+    b.close();
+    assert_eq!(m.memory().live_bytes, base.live_bytes);
+    assert_eq!(m.memory().live_arrays, base.live_arrays);
+    other.close();
+    m.close();
+}
