@@ -111,31 +111,39 @@ impl G {
 /// Run backward over `tape`'s nodes from `loss`, adding into the parameters'
 /// gradients. The gradient of a node's output is kept in its slot (the node's index)
 /// and a parameter's in its leaf slot, so no map is built.
-pub(super) fn run(tape: &Tape, loss: NDArray) -> Result<()> {
+pub(super) fn run(tape: &mut Tape, loss: NDArray) -> Result<()> {
+    let mut slots = std::mem::take(&mut tape.slots);
+    let r = run_in(tape, loss, &mut slots);
+    slots.clear();
+    tape.slots = slots;
+    r
+}
+
+/// [`run`] with `slots` (empty) as the scratch for the gradients.
+fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<G>>) -> Result<()> {
     let nodes = &tape.nodes;
-    let (shape, dtype) = (loss.try_shape()?, loss.try_dtype()?);
+    let (shape, dtype, manager, loss_is_param) = engine::loss_info(loss.id)?;
     let env = Env {
-        manager: loss.try_manager()?,
+        manager: NDManager { id: manager },
         dtype,
     };
     let seed = G {
         base: Base::Ones(shape),
         scale: 1.0,
     };
-    let mut grads: Vec<Option<G>> = vec![None; nodes.len()];
-    let mut leaves: Vec<Option<G>> = vec![None; tape.leaf_ids.len()];
-    let mut leaf_ids: SmallVec<[ArrayId; 4]> = SmallVec::new();
+    // One slot per node, one per parameter, and one for a loss that is a parameter
+    // the tape never read.
+    slots.resize(nodes.len() + tape.leaf_ids.len() + 1, None);
+    let (grads, leaves) = slots.split_at_mut(nodes.len());
+    let mut loss_leaf: Option<ArrayId> = None;
     match tape.tracked.get(&loss.id) {
         Some(&i) => grads[i as usize] = Some(seed),
-        None if engine::is_param(loss.id) => {
-            // A parameter used as the loss itself: its own leaf.
-            leaf_ids.extend(tape.leaf_ids.iter().copied());
-            let slot = match leaf_ids.iter().position(|&id| id == loss.id) {
+        None if loss_is_param => {
+            let slot = match tape.leaf_ids.iter().position(|&id| id == loss.id) {
                 Some(s) => s,
                 None => {
-                    leaf_ids.push(loss.id);
-                    leaves.push(None);
-                    leaf_ids.len() - 1
+                    loss_leaf = Some(loss.id);
+                    tape.leaf_ids.len()
                 }
             };
             leaves[slot] = Some(seed);
@@ -170,14 +178,10 @@ pub(super) fn run(tape: &Tape, loss: NDArray) -> Result<()> {
     // Add into the parameters' gradients in place, all or nothing: if one gradient
     // array was freed (e.g. with a manager the parameter has left), fail before
     // changing any of them.
-    let ids: &[ArrayId] = if leaf_ids.is_empty() {
-        &tape.leaf_ids
-    } else {
-        &leaf_ids
-    };
+    let ids = tape.leaf_ids.iter().copied().chain(loss_leaf);
     let mut updates: SmallVec<[(NDArray, G); 4]> = SmallVec::new();
-    for (&id, g) in ids.iter().zip(leaves) {
-        let Some(g) = g else { continue };
+    for (id, g) in ids.zip(leaves.iter_mut()) {
+        let Some(g) = g.take() else { continue };
         if let Ok(Some(pg)) = engine::grad(id) {
             updates.push((NDArray { id: pg }, g));
         }

@@ -289,6 +289,8 @@ pub(crate) struct Tape {
     pub leaf_ids: Vec<ArrayId>,
     /// Arrays the nodes hold (released by [`Tape::clear`]).
     held: Vec<ArrayId>,
+    /// Scratch for backward: the gradients of the nodes' outputs, then of the leaves.
+    slots: Vec<Option<backward::G>>,
 }
 
 impl Tape {
@@ -469,7 +471,7 @@ fn record_slow(inputs: &[ArrayId], output: ArrayId, rule: &mut dyn FnMut() -> Ru
         t.tracked.insert(output, index);
         t.nodes.push(Node {
             rule,
-            inputs: inputs.iter().copied().collect(),
+            inputs: SmallVec::from_slice(inputs),
             shapes,
             needs,
             output,
@@ -617,7 +619,7 @@ impl GradientCollector {
         let recording = RECORDING.with(|c| c.replace(false));
         let result = {
             let scope = NDScope::new();
-            let r = backward::run(&tape, loss);
+            let r = backward::run(&mut tape, loss);
             drop(scope);
             r
         };

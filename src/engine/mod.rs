@@ -212,9 +212,13 @@ pub(crate) struct TapeInfo {
 /// a parameter input, and a float output), the inputs' shapes. `None` if an input is
 /// closed. One lock round trip.
 pub(crate) fn tape_info(inputs: &[ArrayId], output: ArrayId, tracked: u8) -> Option<TapeInfo> {
-    let mut shards: smallvec::SmallVec<[u32; 4]> = inputs.iter().map(|i| i.shard).collect();
-    shards.push(output.shard);
-    let ctx = Ctx::set(&shards);
+    let ctx = if inputs.iter().all(|i| i.shard == output.shard) {
+        Ctx::one(output.shard)
+    } else {
+        let mut shards: smallvec::SmallVec<[u32; 4]> = inputs.iter().map(|i| i.shard).collect();
+        shards.push(output.shard);
+        Ctx::set(&shards)
+    };
     let mut params = 0u8;
     for (i, &id) in inputs.iter().enumerate() {
         if ctx.array(id).ok()?.grad.is_some() {
@@ -235,6 +239,14 @@ pub(crate) fn tape_info(inputs: &[ArrayId], output: ArrayId, tracked: u8) -> Opt
     })
 }
 
+/// `id`'s shape, dtype and manager, and whether it is a parameter, under one lock (the
+/// loss of a backward pass).
+pub(crate) fn loss_info(id: ArrayId) -> Result<(Shape, DType, MgrId, bool)> {
+    let ctx = lock_record(id);
+    let r = ctx.array(id)?;
+    Ok((r.layout.shape.clone(), r.dtype, r.manager, r.grad.is_some()))
+}
+
 /// Whether `id`'s record lives in this thread's shard (it was created on this thread,
 /// or on an exited thread whose shard this one adopted).
 pub(crate) fn is_mine(id: ArrayId) -> bool {
@@ -248,8 +260,13 @@ pub(crate) fn hold_all(ids: &mut smallvec::SmallVec<[ArrayId; 4]>) {
     if ids.is_empty() {
         return;
     }
-    let shards: smallvec::SmallVec<[u32; 4]> = ids.iter().map(|i| i.shard).collect();
-    let mut ctx = Ctx::set(&shards);
+    let first = ids[0].shard;
+    let mut ctx = if ids.iter().all(|i| i.shard == first) {
+        Ctx::one(first)
+    } else {
+        let shards: smallvec::SmallVec<[u32; 4]> = ids.iter().map(|i| i.shard).collect();
+        Ctx::set(&shards)
+    };
     ids.retain(|id| ctx.hold(*id).is_ok());
 }
 
