@@ -67,6 +67,22 @@ fn mat_view<'a>(o: &'a Operand<'_>, as_row: bool) -> MatView<'a> {
     }
 }
 
+impl MatView<'_> {
+    /// The view with rows and columns swapped when `t`.
+    fn transposed(self, t: bool) -> Self {
+        if !t {
+            return self;
+        }
+        MatView {
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+            ..self
+        }
+    }
+}
+
 /// Strides of batch dims `dims` (with `strides`) broadcast to `target`.
 fn batch_strides(dims: &[usize], strides: &[isize], target: &Shape) -> Strides {
     let n = target.ndim();
@@ -83,14 +99,38 @@ fn batch_strides(dims: &[usize], strides: &[isize], target: &Shape) -> Strides {
     out
 }
 
-fn matmul_impl(x: NDArray, y: NDArray, op: &'static str, at: SourceLocation) -> Result<NDArray> {
+/// `x^T @ y` (`trans[0]`), `x @ y^T` (`trans[1]`) or both, where `^T` swaps the last
+/// two axes (operands of at least 2 dimensions), with [`NDArray::matmul`]'s batch
+/// rules, reading the operands in place: one op where `permute` + `matmul` are two.
+/// For gradient rules, which run unrecorded: the result is never recorded.
+#[track_caller]
+pub(crate) fn matmul_t(x: NDArray, y: NDArray, trans: [bool; 2]) -> Result<NDArray> {
+    matmul_impl(x, y, "matmul", Location::caller(), trans)
+}
+
+fn matmul_impl(
+    x: NDArray,
+    y: NDArray,
+    op: &'static str,
+    at: SourceLocation,
+    trans: [bool; 2],
+) -> Result<NDArray> {
     let id = engine::run_op(op, &[x.id, y.id], at, |o| {
         let (a, b) = (&o[0], &o[1]);
         same_dtype(op, a, b)?;
         if a.dtype == DType::Bool {
             return Err(kernels::unsupported(op, a));
         }
-        for operand in [a, b] {
+        for (operand, t) in [(a, trans[0]), (b, trans[1])] {
+            if t && operand.shape().ndim() < 2 {
+                return Err(NdError::invalid(
+                    op,
+                    format!(
+                        "a transposed operand needs at least two dimensions, got {}",
+                        operand.desc()
+                    ),
+                ));
+            }
             if operand.shape().ndim() == 0 {
                 return Err(NdError::invalid(
                     op,
@@ -106,7 +146,10 @@ fn matmul_impl(x: NDArray, y: NDArray, op: &'static str, at: SourceLocation) -> 
             lhs: a.desc(),
             rhs: b.desc(),
         };
-        let (va, vb) = (mat_view(a, true), mat_view(b, false));
+        let (va, vb) = (
+            mat_view(a, true).transposed(trans[0]),
+            mat_view(b, false).transposed(trans[1]),
+        );
         if va.cols != vb.rows {
             return Err(mismatch());
         }
@@ -175,7 +218,9 @@ fn matmul_impl(x: NDArray, y: NDArray, op: &'static str, at: SourceLocation) -> 
             dtype: a.dtype,
         })
     })?;
-    autograd::record(&[x.id, y.id], id, || Rule::Matmul);
+    if trans == [false, false] {
+        autograd::record(&[x.id, y.id], id, || Rule::Matmul);
+    }
     Ok(NDArray { id })
 }
 
@@ -199,7 +244,13 @@ impl NDArray {
     /// ```
     #[track_caller]
     pub fn matmul(self, rhs: NDArray) -> NDArray {
-        unwrap(matmul_impl(self, rhs, "matmul", Location::caller()))
+        unwrap(matmul_impl(
+            self,
+            rhs,
+            "matmul",
+            Location::caller(),
+            [false, false],
+        ))
     }
 
     /// [`NDArray::matmul`]. Errors: `ShapeMismatch` (inner dimensions differ or batch
@@ -207,7 +258,7 @@ impl NDArray {
     /// `InvalidArgument` (a 0-d operand), `Closed`, `ManagerClosed`/`ManagerCapped`.
     #[track_caller]
     pub fn try_matmul(self, rhs: NDArray) -> Result<NDArray> {
-        matmul_impl(self, rhs, "matmul", Location::caller())
+        matmul_impl(self, rhs, "matmul", Location::caller(), [false, false])
     }
 
     /// Dot product, an alias of [`NDArray::matmul`] that also accepts 0-d operands
@@ -231,7 +282,7 @@ fn dot_impl(x: NDArray, y: NDArray, at: SourceLocation) -> Result<NDArray> {
     if scalar {
         binary(x, BinOp::Mul, Rhs::Array(y), false, at)
     } else {
-        matmul_impl(x, y, "dot", at)
+        matmul_impl(x, y, "dot", at, [false, false])
     }
 }
 

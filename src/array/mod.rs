@@ -11,7 +11,7 @@ mod display;
 mod dropout;
 pub(crate) mod gather;
 mod index;
-mod linalg;
+pub(crate) mod linalg;
 mod logical;
 mod nn;
 mod operators;

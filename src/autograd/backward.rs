@@ -5,65 +5,357 @@
 //! `backward` opens). A gradient whose input was broadcast is summed over the broadcast
 //! axes back to the input's shape ([`unbroadcast`]).
 
-use super::{Grads, IdMap, Node, ReduceKind, Rule};
+use super::{Grads, LEAF, NO_SLOT, Node, ReduceKind, Rule, Tape};
+use crate::array::linalg::matmul_t;
 use crate::array::{BinOp, UnOp};
-use crate::engine::{self, ArrayId};
+use crate::dtype::{Native, dispatch_float};
+use crate::engine::{self, ArrayId, kernels};
 use crate::error::{NdError, Result};
 use crate::shape::Dims;
-use crate::{NDArray, Shape};
+use crate::{DType, NDArray, NDManager, Shape};
 use smallvec::SmallVec;
 
-/// Run backward over `nodes` from `loss`, adding into the parameters' gradients.
-pub(super) fn run(nodes: &[Node], tracked: &super::IdSet, loss: NDArray) -> Result<()> {
-    let seed = {
-        let (shape, dtype) = (loss.try_shape()?, loss.try_dtype()?);
-        loss.try_manager()?.try_ones(shape, dtype)?
-    };
-    let loss_is_param = engine::is_param(loss.id);
-    if !tracked.contains(&loss.id) && !loss_is_param {
-        return Err(NdError::invalid(
-            "backward",
-            "the loss was not computed from an array that requires a gradient while this \
-             GradientCollector was recording",
-        ));
+/// A gradient flowing backward, kept as `scale * base` so that scalar factors
+/// (`x / 2`, `mean`, `square`'s 2, `neg`) and the all-ones seed cost no op until a
+/// rule needs the array: [`G::array`].
+#[derive(Clone, Debug)]
+pub(super) struct G {
+    base: Base,
+    scale: f64,
+}
+
+#[derive(Clone, Debug)]
+enum Base {
+    /// An array (a gradient computed by a rule, or a forward array such as the input
+    /// of `square`).
+    Arr(NDArray),
+    /// All ones of this shape (the seed and what `sum`/`mean`/`reshape` make of it).
+    Ones(Shape),
+}
+
+/// Where [`G::array`] creates the arrays of [`Base::Ones`]: the loss's manager and dtype.
+struct Env {
+    manager: NDManager,
+    dtype: DType,
+}
+
+impl G {
+    fn arr(a: NDArray) -> G {
+        G {
+            base: Base::Arr(a),
+            scale: 1.0,
+        }
     }
-    let mut grads: IdMap<NDArray> = IdMap::default();
-    grads.insert(loss.id, seed);
-    for node in nodes.iter().rev() {
-        let Some(g) = grads.remove(&node.output) else {
-            continue;
-        };
-        let inputs = input_grads(node, g)?;
-        for (i, gi) in inputs.into_iter().enumerate() {
-            let Some(gi) = gi else { continue };
-            let id = node.inputs[i];
-            match grads.get(&id) {
-                Some(&prev) => {
-                    grads.insert(id, prev.try_add(gi)?);
-                }
-                None => {
-                    grads.insert(id, gi);
-                }
+
+    fn scaled(self, s: f64) -> G {
+        G {
+            scale: self.scale * s,
+            ..self
+        }
+    }
+
+    /// `scale * base` as an array (no op when the scale is 1 and the base an array).
+    fn array(self, env: &Env) -> Result<NDArray> {
+        match self.base {
+            Base::Ones(shape) => env.manager.try_full(shape, self.scale, env.dtype),
+            Base::Arr(a) if self.scale == 1.0 => Ok(a),
+            Base::Arr(a) => a.try_mul(self.scale),
+        }
+    }
+
+    /// The sum of two gradients of one array.
+    fn add(self, other: G, env: &Env) -> Result<G> {
+        match (self.base, other.base) {
+            (Base::Ones(s), Base::Ones(_)) => Ok(G {
+                base: Base::Ones(s),
+                scale: self.scale + other.scale,
+            }),
+            (Base::Arr(a), Base::Arr(b)) if self.scale == other.scale => Ok(G {
+                base: Base::Arr(a.try_add(b)?),
+                scale: self.scale,
+            }),
+            (a, b) => {
+                let a = G { base: a, ..self }.array(env)?;
+                let b = G { base: b, ..other }.array(env)?;
+                Ok(G::arr(a.try_add(b)?))
             }
         }
     }
-    // What is left are leaves: add into the parameters' gradients in place, all or
-    // nothing: if one gradient array was freed (e.g. with a manager the parameter has
-    // left), fail before changing any of them.
-    let updates: Vec<(NDArray, NDArray)> = grads
-        .into_iter()
-        .filter_map(|(id, g)| {
-            let pg = engine::grad(id).ok().flatten()?;
-            Some((NDArray { id: pg }, g))
-        })
-        .collect();
+
+    /// [`unbroadcast`]: summed over broadcast axes to `shape`.
+    fn unbroadcast(self, shape: &Shape) -> Result<G> {
+        match self.base {
+            Base::Ones(gs) => {
+                if gs == *shape {
+                    return Ok(G {
+                        base: Base::Ones(gs),
+                        ..self
+                    });
+                }
+                // Each element of the result sums this many ones.
+                let (n, m) = (gs.size(), shape.size());
+                let count = n.checked_div(m).map_or(1.0, |c| c as f64);
+                Ok(G {
+                    base: Base::Ones(shape.clone()),
+                    scale: self.scale * count,
+                })
+            }
+            Base::Arr(a) => Ok(G {
+                base: Base::Arr(unbroadcast(a, shape)?),
+                scale: self.scale,
+            }),
+        }
+    }
+}
+
+/// Run backward over `tape`'s nodes from `loss`, adding into the parameters'
+/// gradients. The gradient of a node's output is kept in its slot (the node's index)
+/// and a parameter's in its leaf slot, so no map is built.
+pub(super) fn run(tape: &mut Tape, loss: NDArray) -> Result<()> {
+    let mut slots = std::mem::take(&mut tape.slots);
+    let r = run_in(tape, loss, &mut slots);
+    slots.clear();
+    tape.slots = slots;
+    r
+}
+
+/// [`run`] with `slots` (empty) as the scratch for the gradients.
+fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<G>>) -> Result<()> {
+    let nodes = &tape.nodes;
+    let (shape, dtype, manager, loss_is_param) = engine::loss_info(loss.id)?;
+    let env = Env {
+        manager: NDManager { id: manager },
+        dtype,
+    };
+    let seed = G {
+        base: Base::Ones(shape),
+        scale: 1.0,
+    };
+    // One slot per node, one per parameter, and one for a loss that is a parameter
+    // the tape never read.
+    slots.resize(nodes.len() + tape.leaf_ids.len() + 1, None);
+    let (grads, leaves) = slots.split_at_mut(nodes.len());
+    let mut loss_leaf: Option<ArrayId> = None;
+    match tape.tracked.get(&loss.id) {
+        Some(&i) => grads[i as usize] = Some(seed),
+        None if loss_is_param => {
+            let slot = match tape.leaf_ids.iter().position(|&id| id == loss.id) {
+                Some(s) => s,
+                None => {
+                    loss_leaf = Some(loss.id);
+                    tape.leaf_ids.len()
+                }
+            };
+            leaves[slot] = Some(seed);
+        }
+        None => {
+            return Err(NdError::invalid(
+                "backward",
+                "the loss was not computed from an array that requires a gradient while \
+                 this GradientCollector was recording",
+            ));
+        }
+    }
+    for (n, node) in nodes.iter().enumerate().rev() {
+        let Some(g) = grads[n].take() else {
+            continue;
+        };
+        let inputs = input_grads(node, g, &env)?;
+        for (i, gi) in inputs.into_iter().enumerate() {
+            let Some(gi) = gi else { continue };
+            let d = node.dest[i];
+            let slot = match d {
+                NO_SLOT => continue,
+                _ if d & LEAF != 0 => &mut leaves[(d & !LEAF) as usize],
+                _ => &mut grads[d as usize],
+            };
+            *slot = Some(match slot.take() {
+                Some(prev) => prev.add(gi, &env)?,
+                None => gi,
+            });
+        }
+    }
+    // Add into the parameters' gradients in place, all or nothing: if one gradient
+    // array was freed (e.g. with a manager the parameter has left), fail before
+    // changing any of them.
+    let ids = tape.leaf_ids.iter().copied().chain(loss_leaf);
+    let mut updates: SmallVec<[(NDArray, G); 4]> = SmallVec::new();
+    for (id, g) in ids.zip(leaves.iter_mut()) {
+        let Some(g) = g.take() else { continue };
+        if let Ok(Some(pg)) = engine::grad(id) {
+            updates.push((NDArray { id: pg }, g));
+        }
+    }
     for (pg, _) in &updates {
         pg.try_shape()?;
     }
     for (pg, g) in updates {
-        pg.try_addi(g)?;
+        accumulate(pg, g)?;
     }
     Ok(())
+}
+
+/// `pg += g` in place, with `g`'s scale fused into the kernel.
+fn accumulate(pg: NDArray, g: G) -> Result<()> {
+    const OP: &str = "backward";
+    let scale = g.scale;
+    match g.base {
+        Base::Ones(_) => engine::run_inplace(pg.id, &[], |mut t, _| {
+            dispatch_float!(t.dtype, T => {
+                let s = T::from_f64(scale);
+                kernels::assign_unary::<T>(&mut t, move |p| p.add(s));
+            }, else return Err(NdError::UnsupportedDType { op: OP, dtype: t.dtype, array: t.desc() }));
+            Ok(())
+        }),
+        Base::Arr(b) => engine::run_inplace(pg.id, &[b.id], |mut t, o| {
+            let b = &o[0];
+            if t.dtype != b.dtype {
+                return Err(NdError::DTypeMismatch {
+                    op: OP,
+                    lhs: t.desc(),
+                    rhs: b.desc(),
+                });
+            }
+            if Shape::broadcast(&t.layout.shape, b.shape()).as_ref() != Some(&t.layout.shape) {
+                return Err(NdError::ShapeMismatch {
+                    op: OP,
+                    lhs: t.desc(),
+                    rhs: b.desc(),
+                });
+            }
+            dispatch_float!(t.dtype, T => {
+                    if scale == 1.0 {
+                        kernels::assign_binary::<T>(&mut t, b, |p, q| p.add(q));
+                    } else {
+                        let s = T::from_f64(scale);
+                        kernels::assign_binary::<T>(&mut t, b, move |p, q| p.add(q.mul(s)));
+                    }
+                }, else return Err(NdError::UnsupportedDType { op: OP, dtype: t.dtype, array: t.desc() }));
+            Ok(())
+        }),
+    }
+}
+
+/// The gradients of `node`'s inputs (None where not needed) given its output's `g`:
+/// the rules that only scale, reshape or pass `g` on keep it lazy; the others get it
+/// as an array ([`input_grads_arr`]).
+fn input_grads(node: &Node, g: G, env: &Env) -> Result<SmallVec<[Option<G>; 3]>> {
+    let need = |i: usize| node.needs & (1 << i) != 0;
+    let x = arr(node.inputs[0]);
+    let mut r: SmallVec<[Option<G>; 3]> = SmallVec::from_elem(None, node.inputs.len());
+    let ones = matches!(g.base, Base::Ones(_));
+    match &node.rule {
+        Rule::Binary(op @ (BinOp::Add | BinOp::Sub)) => {
+            if need(1) {
+                let gy = if *op == BinOp::Sub {
+                    g.clone().scaled(-1.0)
+                } else {
+                    g.clone()
+                };
+                r[1] = Some(gy.unbroadcast(&node.shapes[1])?);
+            }
+            if need(0) {
+                r[0] = Some(g.unbroadcast(&node.shapes[0])?);
+            }
+            return Ok(r);
+        }
+        Rule::Binary(BinOp::Mul) if !ones => {
+            let Base::Arr(b) = g.base else { unreachable!() };
+            let y = arr(node.inputs[1]);
+            for (i, other) in [(0, y), (1, x)] {
+                if need(i) {
+                    let gi = G {
+                        base: Base::Arr(b.try_mul(other)?),
+                        scale: g.scale,
+                    };
+                    r[i] = Some(gi.unbroadcast(&node.shapes[i])?);
+                }
+            }
+            return Ok(r);
+        }
+        Rule::Scalar { op, s, left } => {
+            let s = *s;
+            let gx = match (op, left) {
+                (BinOp::Add, _) | (BinOp::Sub, false) => Some(g.clone()),
+                (BinOp::Sub, true) => Some(g.clone().scaled(-1.0)),
+                (BinOp::Mul, _) => Some(g.clone().scaled(s)),
+                (BinOp::Div, false) => Some(G {
+                    scale: g.scale / s,
+                    ..g.clone()
+                }),
+                _ => None,
+            };
+            if let Some(gx) = gx {
+                r[0] = Some(gx);
+                return Ok(r);
+            }
+        }
+        Rule::Unary(UnOp::Neg) => {
+            r[0] = Some(g.scaled(-1.0));
+            return Ok(r);
+        }
+        Rule::Unary(op @ (UnOp::Square | UnOp::Exp)) => {
+            // square: g * x * 2; exp: g * out.
+            let (by, factor) = if *op == UnOp::Square {
+                (x, 2.0)
+            } else {
+                (arr(node.output), 1.0)
+            };
+            let base = match g.base {
+                Base::Ones(_) => by,
+                Base::Arr(b) => b.try_mul(by)?,
+            };
+            r[0] = Some(G {
+                base: Base::Arr(base),
+                scale: g.scale * factor,
+            });
+            return Ok(r);
+        }
+        Rule::Reduce {
+            kind: kind @ (ReduceKind::Sum | ReduceKind::Mean),
+            axes,
+        } => {
+            let xs = &node.shapes[0];
+            let (ks, count) = keep_dims_shape(xs, axes);
+            let scale = if *kind == ReduceKind::Mean {
+                g.scale / count as f64
+            } else {
+                g.scale
+            };
+            let base = match g.base {
+                Base::Ones(_) => Base::Ones(xs.clone()),
+                Base::Arr(b) => Base::Arr(b.try_reshape(ks)?.try_broadcast_to(xs.clone())?),
+            };
+            r[0] = Some(G { base, scale });
+            return Ok(r);
+        }
+        Rule::Matmul if !ones => {
+            let Base::Arr(b) = g.base else { unreachable!() };
+            let scale = g.scale;
+            let gs = input_grads_arr(node, b)?;
+            return Ok(gs
+                .into_iter()
+                .map(|gi| gi.map(|a| G::arr(a).scaled(scale)))
+                .collect());
+        }
+        Rule::Reshape | Rule::Permute(_) if ones => {
+            r[0] = Some(G {
+                base: Base::Ones(node.shapes[0].clone()),
+                scale: g.scale,
+            });
+            return Ok(r);
+        }
+        Rule::BroadcastTo => {
+            r[0] = Some(g.unbroadcast(&node.shapes[0])?);
+            return Ok(r);
+        }
+        _ => {}
+    }
+    let g = g.array(env)?;
+    Ok(input_grads_arr(node, g)?
+        .into_iter()
+        .map(|gi| gi.map(G::arr))
+        .collect())
 }
 
 /// Sum `g` over the axes that broadcasting added or stretched so it has `shape`.
@@ -80,12 +372,16 @@ pub(crate) fn unbroadcast(g: NDArray, shape: &Shape) -> Result<NDArray> {
             axes.push((lead + i) as isize);
         }
     }
-    let s = if axes.is_empty() {
-        g
-    } else {
-        g.try_sum_axes(&axes, true)?
-    };
-    if s.try_shape()? == *shape {
+    if axes.is_empty() {
+        return g.try_reshape(shape.clone());
+    }
+    if axes.len() == lead {
+        // Only added axes: summing them away leaves `shape` (one op).
+        return g.try_sum_axes(&axes, false);
+    }
+    // Stretched axes too: keep every summed axis as 1, then drop the added ones.
+    let s = g.try_sum_axes(&axes, true)?;
+    if lead == 0 {
         Ok(s)
     } else {
         s.try_reshape(shape.clone())
@@ -140,20 +436,26 @@ pub(crate) fn keep_dims_shape(
     (Shape(dims), count)
 }
 
-/// `x` with its last two axes swapped.
-fn swap_last(x: NDArray) -> Result<NDArray> {
-    let nd = x.try_shape()?.ndim();
-    let mut perm: SmallVec<[usize; 4]> = (0..nd).collect();
-    perm.swap(nd - 2, nd - 1);
-    x.try_permute(&perm)
+/// `g` (a product's gradient with the batch dimensions of both operands) summed to
+/// `shape`, an operand's shape whose batch dimensions are `batch` of `other`'s:
+/// nothing to do when the operand's batch dimensions are the broadcast ones.
+fn unbroadcast_batch(g: NDArray, shape: &Shape, other: &Shape) -> Result<NDArray> {
+    let batch = |s: &Shape| Shape(s.dims()[..s.ndim() - 2].iter().copied().collect());
+    let mine = batch(shape);
+    if Shape::broadcast(&mine, &batch(other)).as_ref() == Some(&mine) {
+        Ok(g)
+    } else {
+        unbroadcast(g, shape)
+    }
 }
 
 fn arr(id: ArrayId) -> NDArray {
     NDArray { id }
 }
 
-/// The gradients of `node`'s inputs (None where not needed) given its output's `g`.
-fn input_grads(node: &Node, g: NDArray) -> Result<Grads> {
+/// The gradients of `node`'s inputs (None where not needed) given its output's `g` as
+/// an array.
+fn input_grads_arr(node: &Node, g: NDArray) -> Result<Grads> {
     let need = |i: usize| node.needs & (1 << i) != 0;
     let x = arr(node.inputs[0]);
     let out = arr(node.output);
@@ -298,23 +600,32 @@ fn input_grads(node: &Node, g: NDArray) -> Result<Grads> {
             } else {
                 y
             };
-            let gs = g.try_shape()?;
-            let mut g2dims: Dims = gs.0.clone();
-            if xs.ndim() == 1 {
-                let n = g2dims.len();
-                g2dims.insert(n - 1, 1);
-            }
-            if ys.ndim() == 1 {
-                g2dims.push(1);
-            }
-            let g2 = if g2dims.as_slice() == gs.dims() {
-                g
-            } else {
+            let g2 = if xs.ndim() == 1 || ys.ndim() == 1 {
+                let gs = g.try_shape()?;
+                let mut g2dims: Dims = gs.0.clone();
+                if xs.ndim() == 1 {
+                    let n = g2dims.len();
+                    g2dims.insert(n - 1, 1);
+                }
+                if ys.ndim() == 1 {
+                    g2dims.push(1);
+                }
                 g.try_reshape(Shape(g2dims))?
+            } else {
+                g
             };
-            let (x2s, y2s) = (x2.try_shape()?, y2.try_shape()?);
+            let promote = |s: &Shape, row: bool| {
+                if s.ndim() != 1 {
+                    s.clone()
+                } else if row {
+                    Shape::from([1, s.dims()[0]])
+                } else {
+                    Shape::from([s.dims()[0], 1])
+                }
+            };
+            let (x2s, y2s) = (promote(xs, true), promote(ys, false));
             if need(0) {
-                let gx = unbroadcast(g2.try_matmul(swap_last(y2)?)?, &x2s)?;
+                let gx = unbroadcast_batch(matmul_t(g2, y2, [false, true])?, &x2s, &y2s)?;
                 r[0] = Some(if &x2s == xs {
                     gx
                 } else {
@@ -322,7 +633,7 @@ fn input_grads(node: &Node, g: NDArray) -> Result<Grads> {
                 });
             }
             if need(1) {
-                let gy = unbroadcast(swap_last(x2)?.try_matmul(g2)?, &y2s)?;
+                let gy = unbroadcast_batch(matmul_t(x2, g2, [true, false])?, &y2s, &x2s)?;
                 r[1] = Some(if &y2s == ys {
                     gy
                 } else {

@@ -241,9 +241,16 @@ pub(crate) struct Node {
     /// Bit `i`: input `i` needs a gradient (it is tracked).
     pub needs: u8,
     pub output: ArrayId,
-    /// Arrays this node holds (released when the tape is dropped).
-    held: SmallVec<[ArrayId; 3]>,
+    /// Per input that needs a gradient, where its gradient goes: the index of the node
+    /// that computed it, or `LEAF | slot` for a parameter (its slot in
+    /// [`Tape::leaves`]); [`NO_SLOT`] for the others.
+    pub dest: SmallVec<[u32; 3]>,
 }
+
+/// [`Node::dest`] of a parameter: `LEAF | slot`.
+pub(crate) const LEAF: u32 = 1 << 31;
+/// [`Node::dest`] of an input that needs no gradient.
+pub(crate) const NO_SLOT: u32 = u32::MAX;
 
 /// A fast hasher for ids (already well-mixed generational indices).
 #[derive(Default)]
@@ -269,26 +276,52 @@ impl Hasher for IdHasher {
 pub(crate) type IdMap<V> = HashMap<ArrayId, V, BuildHasherDefault<IdHasher>>;
 pub(crate) type IdSet = HashSet<ArrayId, BuildHasherDefault<IdHasher>>;
 
-/// This thread's recording.
+/// This thread's recording. Its containers keep their capacity from one collector to
+/// the next (up to [`Tape::KEEP`] nodes), so a training loop does not reallocate them.
 #[derive(Default)]
-struct Tape {
-    nodes: Vec<Node>,
-    /// Outputs of the nodes.
-    tracked: IdSet,
+pub(crate) struct Tape {
+    pub nodes: Vec<Node>,
+    /// Outputs of the nodes, with the index of the (last) node that computed each.
+    pub tracked: IdMap<u32>,
+    /// The parameters the nodes read, each with its slot (index in `leaf_ids`).
+    leaves: IdMap<u32>,
+    /// The parameters by slot.
+    pub leaf_ids: Vec<ArrayId>,
+    /// Arrays the nodes hold (released by [`Tape::clear`]).
+    held: Vec<ArrayId>,
+    /// Scratch for backward: the gradients of the nodes' outputs, then of the leaves.
+    slots: Vec<Option<backward::G>>,
 }
 
 impl Tape {
-    /// Drop every hold (one engine lock) and forget the nodes.
+    /// Capacity (nodes) a cleared tape keeps for the next collector.
+    const KEEP: usize = 4096;
+
+    /// Drop every hold (one engine lock when they are all this thread's) and forget
+    /// the nodes.
     fn clear(&mut self) {
-        if self.nodes.is_empty() {
+        if self.nodes.is_empty() && self.held.is_empty() {
             return;
         }
-        for n in self.nodes.drain(..) {
-            for id in n.held {
-                engine::unhold(id);
-            }
-        }
+        engine::unhold_all(&self.held);
+        self.held.clear();
+        self.nodes.clear();
         self.tracked.clear();
+        self.leaves.clear();
+        self.leaf_ids.clear();
+        if self.nodes.capacity() > Self::KEEP {
+            *self = Tape::default();
+        }
+    }
+
+    /// The slot of parameter `id`, added on first use.
+    fn leaf(&mut self, id: ArrayId) -> u32 {
+        let next = self.leaf_ids.len() as u32;
+        let slot = *self.leaves.entry(id).or_insert(next);
+        if slot == next {
+            self.leaf_ids.push(id);
+        }
+        slot
     }
 }
 
@@ -360,65 +393,89 @@ pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
 #[inline]
 pub(crate) fn record(inputs: &[ArrayId], output: ArrayId, rule: impl FnOnce() -> Rule) {
     if RECORDING.with(Cell::get) {
-        record_slow(inputs, output, rule());
+        let mut rule = Some(rule);
+        record_slow(inputs, output, &mut || rule.take().expect("called once")());
     }
 }
 
+/// [`record`] when recording: the rule is built only if the op is recorded. Two engine
+/// lock round trips for a recorded op (its inputs' state, then the holds), one for an
+/// op on untracked data.
 #[cold]
 #[inline(never)]
-fn record_slow(inputs: &[ArrayId], output: ArrayId, rule: Rule) {
+fn record_slow(inputs: &[ArrayId], output: ArrayId, rule: &mut dyn FnMut() -> Rule) {
+    let mut tracked = 0u8;
+    let mut dest: SmallVec<[u32; 3]> = SmallVec::with_capacity(inputs.len());
+    TAPE.with(|t| {
+        let t = t.borrow();
+        for (i, id) in inputs.iter().enumerate() {
+            match t.tracked.get(id) {
+                Some(&node) => {
+                    tracked |= 1 << i;
+                    dest.push(node);
+                }
+                None => dest.push(NO_SLOT),
+            }
+        }
+    });
+    let Some(engine::TapeInfo {
+        params,
+        float,
+        shapes,
+    }) = engine::tape_info(inputs, output, tracked)
+    else {
+        return;
+    };
+    let needs = params | tracked;
+    if needs == 0 || !float {
+        return; // integer/bool results carry no gradient
+    }
+    // Built with no lock and no borrow of the tape held (a rule may create an array).
+    let rule = rule();
+    // A parameter made on another thread is zeroed when this collector first
+    // records it (this thread's own were zeroed when the collector started).
+    if params != 0 && !ACCUMULATE.with(Cell::get) {
+        for (i, &id) in inputs.iter().enumerate() {
+            if params & (1 << i) != 0
+                && !engine::is_mine(id)
+                && ZEROED.with(|z| z.borrow_mut().insert(id))
+                && let Ok(Some(g)) = engine::grad(id)
+            {
+                let _ = zero_fill(g);
+            }
+        }
+    }
+    let (mask, out) = rule.saves(inputs.len());
+    let mut held: SmallVec<[ArrayId; 4]> = SmallVec::new();
+    for (i, &id) in inputs.iter().enumerate() {
+        if mask & (1 << i) != 0 {
+            held.push(id);
+        }
+    }
+    if out {
+        held.push(output);
+    }
+    if let Rule::Custom(b) = &rule {
+        held.extend(b.extra());
+    }
+    engine::hold_all(&mut held);
     TAPE.with(|t| {
         let mut t = t.borrow_mut();
-        let Some((params, shapes, float)) = engine::tape_info(inputs, output) else {
-            return;
-        };
-        let mut needs = params;
-        for (i, id) in inputs.iter().enumerate() {
-            if t.tracked.contains(id) {
-                needs |= 1 << i;
-            }
-        }
-        if needs == 0 || !float {
-            return; // integer/bool results carry no gradient
-        }
-        // A parameter made on another thread is zeroed when this collector first
-        // records it (this thread's own were zeroed when the collector started).
-        if params != 0 && !ACCUMULATE.with(Cell::get) {
-            for (i, &id) in inputs.iter().enumerate() {
-                if params & (1 << i) != 0
-                    && !engine::is_mine(id)
-                    && ZEROED.with(|z| z.borrow_mut().insert(id))
-                    && let Ok(Some(g)) = engine::grad(id)
-                {
-                    let _ = zero_fill(g);
-                }
-            }
-        }
-        let (mask, out) = rule.saves(inputs.len());
-        let mut held = SmallVec::new();
+        t.held.extend_from_slice(&held);
         for (i, &id) in inputs.iter().enumerate() {
-            if mask & (1 << i) != 0 && engine::hold(id).is_ok() {
-                held.push(id);
+            if tracked & (1 << i) == 0 && params & (1 << i) != 0 {
+                dest[i] = LEAF | t.leaf(id);
             }
         }
-        if out && engine::hold(output).is_ok() {
-            held.push(output);
-        }
-        if let Rule::Custom(b) = &rule {
-            for id in b.extra() {
-                if engine::hold(id).is_ok() {
-                    held.push(id);
-                }
-            }
-        }
-        t.tracked.insert(output);
+        let index = t.nodes.len() as u32;
+        t.tracked.insert(output, index);
         t.nodes.push(Node {
             rule,
-            inputs: inputs.iter().copied().collect(),
+            inputs: SmallVec::from_slice(inputs),
             shapes,
             needs,
             output,
-            held,
+            dest,
         });
     });
 }
@@ -431,7 +488,7 @@ pub(crate) fn check_inplace(op: &'static str, id: ArrayId) -> Result<()> {
     }
     let depends = TAPE.with(|t| {
         let t = t.borrow();
-        !t.nodes.is_empty() && (t.tracked.contains(&id) || engine::is_param(id))
+        !t.nodes.is_empty() && (t.tracked.contains_key(&id) || engine::is_param(id))
     });
     if depends {
         return Err(NdError::invalid(
@@ -460,7 +517,7 @@ pub(crate) fn check_inplace_source(
     if target_is_param {
         return Ok(());
     }
-    if source_is_param || TAPE.with(|t| t.borrow().tracked.contains(&source)) {
+    if source_is_param || TAPE.with(|t| t.borrow().tracked.contains_key(&source)) {
         return Err(NdError::invalid(
             op,
             "the value requires a gradient (a parameter or a recorded result) but an \
@@ -556,18 +613,25 @@ impl GradientCollector {
     /// gradient under this collector, `Closed` if an array the tape needs was closed
     /// explicitly or by its manager.
     pub fn backward(&self, loss: NDArray) -> Result<()> {
-        let tape = TAPE.with(|t| std::mem::take(&mut *t.borrow_mut()));
+        // The tape is empty while backward runs (so its in-place writes are allowed).
+        let mut tape = TAPE.with(|t| std::mem::take(&mut *t.borrow_mut()));
         // Off while backward runs; restored after (still off inside `no_grad`).
         let recording = RECORDING.with(|c| c.replace(false));
         let result = {
             let scope = NDScope::new();
-            let r = backward::run(&tape.nodes, &tape.tracked, loss);
+            let r = backward::run(&mut tape, loss);
             drop(scope);
             r
         };
         RECORDING.with(|c| c.set(recording));
-        let mut tape = tape;
         tape.clear();
+        // Give the emptied tape (and its capacity) back for the next collector.
+        TAPE.with(|t| {
+            let mut t = t.borrow_mut();
+            if t.nodes.is_empty() && t.held.is_empty() {
+                *t = tape;
+            }
+        });
         result
     }
 }

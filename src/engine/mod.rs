@@ -200,27 +200,55 @@ pub(crate) fn my_param_grads() -> Vec<ArrayId> {
     grads
 }
 
-/// Per input: whether it is a parameter; the inputs' shapes; whether `output` is a
-/// live float array. `None` if an input is closed.
-pub(crate) fn tape_info(
-    inputs: &[ArrayId],
-    output: ArrayId,
-) -> Option<(u8, smallvec::SmallVec<[Shape; 3]>, bool)> {
-    let mut ids: smallvec::SmallVec<[ArrayId; 4]> = inputs.iter().copied().collect();
-    ids.push(output);
-    let shards: smallvec::SmallVec<[u32; 4]> = ids.iter().map(|i| i.shard).collect();
-    let ctx = Ctx::set(&shards);
+/// What recording an op needs from the engine, read under one lock round trip.
+pub(crate) struct TapeInfo {
+    /// Bit `i`: input `i` is a parameter (has a gradient array).
+    pub params: u8,
+    /// Whether the output is a live float array.
+    pub float: bool,
+    /// The inputs' shapes; empty unless the op is recorded (an input is a parameter or
+    /// in `tracked`, and the output is float).
+    pub shapes: smallvec::SmallVec<[Shape; 3]>,
+}
+
+/// Per input: whether it is a parameter; whether `output` is a live float array; and,
+/// only if the op will be recorded (`tracked` (a mask of inputs already on the tape) or
+/// a parameter input, and a float output), the inputs' shapes. `None` if an input is
+/// closed. One lock round trip.
+pub(crate) fn tape_info(inputs: &[ArrayId], output: ArrayId, tracked: u8) -> Option<TapeInfo> {
+    let ctx = if inputs.iter().all(|i| i.shard == output.shard) {
+        Ctx::one(output.shard)
+    } else {
+        let mut shards: smallvec::SmallVec<[u32; 4]> = inputs.iter().map(|i| i.shard).collect();
+        shards.push(output.shard);
+        Ctx::set(&shards)
+    };
     let mut params = 0u8;
-    let mut shapes = smallvec::SmallVec::new();
     for (i, &id) in inputs.iter().enumerate() {
-        let r = ctx.array(id).ok()?;
-        if r.grad.is_some() {
+        if ctx.array(id).ok()?.grad.is_some() {
             params |= 1 << i;
         }
-        shapes.push(r.layout.shape.clone());
     }
     let float = ctx.array(output).is_ok_and(|r| r.dtype.is_float());
-    Some((params, shapes, float))
+    let mut shapes = smallvec::SmallVec::new();
+    if float && (params | tracked) != 0 {
+        for &id in inputs {
+            shapes.push(ctx.array(id).ok()?.layout.shape.clone());
+        }
+    }
+    Some(TapeInfo {
+        params,
+        float,
+        shapes,
+    })
+}
+
+/// `id`'s shape, dtype and manager, and whether it is a parameter, under one lock (the
+/// loss of a backward pass).
+pub(crate) fn loss_info(id: ArrayId) -> Result<(Shape, DType, MgrId, bool)> {
+    let ctx = lock_record(id);
+    let r = ctx.array(id)?;
+    Ok((r.layout.shape.clone(), r.dtype, r.manager, r.grad.is_some()))
 }
 
 /// Whether `id`'s record lives in this thread's shard (it was created on this thread,
@@ -229,9 +257,42 @@ pub(crate) fn is_mine(id: ArrayId) -> bool {
     id.shard == my_shard()
 }
 
-/// A tape hold: keeps `id` alive past the close of its scopes until [`unhold`].
-pub(crate) fn hold(id: ArrayId) -> Result<()> {
-    lock_record(id).hold(id)
+/// Tape holds on each of `ids`: each keeps its array alive past the close of its
+/// scopes until [`unhold`]; taken under one lock round trip; the ids that
+/// could not be held (closed arrays) are removed from `ids`.
+pub(crate) fn hold_all(ids: &mut smallvec::SmallVec<[ArrayId; 4]>) {
+    if ids.is_empty() {
+        return;
+    }
+    let first = ids[0].shard;
+    let mut ctx = if ids.iter().all(|i| i.shard == first) {
+        Ctx::one(first)
+    } else {
+        let shards: smallvec::SmallVec<[u32; 4]> = ids.iter().map(|i| i.shard).collect();
+        Ctx::set(&shards)
+    };
+    ids.retain(|id| ctx.hold(*id).is_ok());
+}
+
+/// Drop one tape hold on each of `ids` (see [`unhold`]): those whose release stays in
+/// this thread's shard under one lock, the others one by one.
+pub(crate) fn unhold_all(ids: &[ArrayId]) {
+    let me = my_shard();
+    let mut rest: smallvec::SmallVec<[ArrayId; 4]> = smallvec::SmallVec::new();
+    {
+        let mut ctx = Ctx::one(me);
+        for &id in ids {
+            let local = id.shard == me && matches!(&ctx, Ctx::One(_, sh) if sh.free_is_local(id));
+            if local {
+                ctx.unhold(id);
+            } else {
+                rest.push(id);
+            }
+        }
+    }
+    for id in rest {
+        unhold(id);
+    }
 }
 
 /// Drop a tape hold (see [`Ctx::unhold`]).
