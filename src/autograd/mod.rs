@@ -652,7 +652,9 @@ impl std::fmt::Debug for GradientCollector {
 
 /// Zero the gradients of this thread's live parameters (those created on it).
 fn zero_gradients() -> Result<()> {
-    for gr in engine::my_param_grads() {
+    // Gradients that own their buffer are zeroed by the engine in one lock; the rest
+    // (viewed or shared ones) here.
+    for gr in engine::zero_my_param_grads() {
         // A gradient closed by hand is skipped; `gradient()` reports it.
         let _ = zero_fill(gr);
     }

@@ -181,14 +181,17 @@ pub(crate) fn drop_grad(id: ArrayId, at: SourceLocation) -> Result<()> {
     Ok(())
 }
 
-/// The gradients of the live parameters whose records live in this thread's shard
-/// (what a collector on this thread zeroes). Prunes dead parameters.
-pub(crate) fn my_param_grads() -> Vec<ArrayId> {
+/// Zero the gradients of the live parameters whose records live in this thread's shard
+/// (what a collector on this thread zeroes), pruning dead parameters. A gradient that
+/// owns its buffer is zeroed here, under the lock this already holds; the others (a
+/// view of the gradient was taken, or it lives in another shard) are returned for the
+/// caller to zero with an in-place op, which waits for their outside readers.
+pub(crate) fn zero_my_param_grads() -> Vec<ArrayId> {
     let me = my_shard();
     let mut ctx = Ctx::one(me);
     let sh = ctx.sh(me);
     let mut params = std::mem::take(&mut sh.params);
-    let mut grads = Vec::with_capacity(params.len());
+    let mut grads = smallvec::SmallVec::<[ArrayId; 16]>::new();
     params.retain(|&p| match sh.arrays.get(p).and_then(|r| r.grad) {
         Some(g) => {
             grads.push(g);
@@ -197,7 +200,22 @@ pub(crate) fn my_param_grads() -> Vec<ArrayId> {
         None => false,
     });
     sh.params = params;
-    grads
+    let mut rest = Vec::new();
+    for g in grads {
+        match sh.arrays.get(g).map(|r| &r.store) {
+            Some(records::Store::Own(buf)) if g.shard == me => {
+                // SAFETY: `g` is the only array viewing `buf` (`Own`), so no other
+                // slice of it exists, no op reads it outside a lock (a snapshot would
+                // have moved it to a shared record first), and its shard's lock is
+                // held exclusively here. Every bit pattern of zeros is 0 of every
+                // float type, and the buffer is the array's contiguous data.
+                unsafe { buf.fill_zero() };
+            }
+            Some(_) => rest.push(g),
+            None => {}
+        }
+    }
+    rest
 }
 
 /// What recording an op needs from the engine, read under one lock round trip.

@@ -150,6 +150,16 @@ impl Buffer {
         }
     }
 
+    /// Set every byte of the block to zero.
+    ///
+    /// # Safety
+    /// Exclusive access, as for [`Buffer::slice_mut`].
+    pub(crate) unsafe fn fill_zero(&self) {
+        // SAFETY: the block is `bytes` long and owned by `self`; the caller guarantees
+        // no other access while it is written.
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), 0, self.bytes) }
+    }
+
     pub(crate) fn begin_outside_read(&self) {
         self.outside_readers.fetch_add(1, Ordering::AcqRel);
     }

@@ -84,6 +84,32 @@ fn zeroed_by_new_collector_accumulated_by_accumulating() -> Result<(), NdError> 
     Ok(())
 }
 
+/// A new collector zeroes every gradient of this thread's parameters: the ones that own
+/// their buffer (zeroed inside the engine) and one whose gradient is viewed (its buffer
+/// is shared, zeroed by an in-place op); the view sees the zeros.
+#[test]
+fn zeroing_covers_owned_and_viewed_gradients() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let a = m.create(&[1.0f32, 2.0], [2]).set_requires_gradient(true);
+    let b = m
+        .create(&[3.0f32, 4.0, 5.0], [3])
+        .set_requires_gradient(true);
+    let gc = GradientCollector::new();
+    gc.backward((a * 2.0).sum() + (b * 3.0).sum())?;
+    drop(gc);
+    let view = b.gradient().get("1:");
+    assert_eq!(f32s(view), vec![3.0, 3.0]);
+    {
+        let _gc = GradientCollector::new();
+        assert_eq!(f32s(a.gradient()), vec![0.0, 0.0]);
+        assert_eq!(f32s(b.gradient()), vec![0.0, 0.0, 0.0]);
+        assert_eq!(f32s(view), vec![0.0, 0.0]);
+    }
+    m.close();
+    Ok(())
+}
+
 /// Rule 9 (docs/ownership.md): one collector per thread.
 #[test]
 fn one_collector_per_thread() {
