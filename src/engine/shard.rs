@@ -78,8 +78,14 @@ impl Shard {
     }
 }
 
-/// The shard table: leaked `RwLock<Shard>`s, published once and never freed.
-static SHARDS: [AtomicPtr<RwLock<Shard>>; MAX_SHARDS] =
+/// A shard's lock and records, alone on their cache lines: each is written on every
+/// op of its thread, and two shards side by side in the heap (they are made as
+/// threads start) would make independent threads fight over the line they share.
+#[repr(align(128))]
+struct ShardCell(RwLock<Shard>);
+
+/// The shard table: leaked shards, published once and never freed.
+static SHARDS: [AtomicPtr<ShardCell>; MAX_SHARDS] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SHARDS];
 /// Number of shards created so far (all of `SHARDS[..count]` are published).
 static SHARD_COUNT: AtomicUsize = AtomicUsize::new(0);
@@ -117,7 +123,7 @@ pub(crate) fn shard(index: u32) -> &'static RwLock<Shard> {
     let p = SHARDS[index as usize].load(Ordering::Acquire);
     debug_assert!(!p.is_null());
     // SAFETY: published pointers come from `Box::leak` and are never freed or replaced.
-    unsafe { &*p }
+    unsafe { &(*p).0 }
 }
 
 /// This thread's shard index (assigned on first use).
@@ -144,7 +150,7 @@ fn assign_shard() -> u32 {
                 i < MAX_SHARDS,
                 "ndscope: more than {MAX_SHARDS} threads use arrays at the same time"
             );
-            let p = Box::leak(Box::new(RwLock::new(Shard::new(i as u32))));
+            let p = Box::leak(Box::new(ShardCell(RwLock::new(Shard::new(i as u32)))));
             SHARDS[i].store(p, Ordering::Release);
             SHARD_COUNT.store(i + 1, Ordering::Release);
             i as u32

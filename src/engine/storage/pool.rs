@@ -72,7 +72,7 @@ struct Shared {
     free: Vec<Vec<usize>>,
     bytes: usize,
     /// Cached-byte counters of the threads' local caches (each written by its thread).
-    locals: Vec<Arc<AtomicUsize>>,
+    locals: Vec<Arc<Counter>>,
 }
 
 static SHARED: Mutex<Shared> = Mutex::new(Shared {
@@ -86,13 +86,28 @@ struct Local {
     free: [Vec<usize>; LOCAL_CLASSES],
     bytes: usize,
     /// `bytes`, published for [`cached_bytes`] (plain stores: only this thread writes).
-    published: Option<Arc<AtomicUsize>>,
+    published: Option<Arc<Counter>>,
+}
+
+/// A thread's published counter, alone on its cache lines: it is written on every
+/// take and give, and two threads' counters side by side in the heap would make their
+/// small ops fight over one line.
+#[repr(align(128))]
+#[derive(Default)]
+struct Counter(AtomicUsize);
+
+impl std::ops::Deref for Counter {
+    type Target = AtomicUsize;
+    fn deref(&self) -> &AtomicUsize {
+        &self.0
+    }
 }
 
 impl Local {
+    #[inline]
     fn publish(&mut self) {
         let counter = self.published.get_or_insert_with(|| {
-            let c = Arc::new(AtomicUsize::new(0));
+            let c = Arc::new(Counter::default());
             SHARED.lock().locals.push(c.clone());
             c
         });
