@@ -375,25 +375,21 @@ impl Ctx {
         for &(sid, pos) in &rec.scopes {
             self.scope_unlink_at(sid, pos as usize);
         }
-        let shared = match rec.store {
-            Store::Own(buf) => {
-                // Its own buffer goes back to the pool with it.
-                self.sh(s)
-                    .adjust(rec.manager, -1, -1, -(buf.bytes() as isize), 0);
-                None
-            }
-            Store::Shared(b) => Some(b),
-        };
-        match shared.map(|b| self.remove_holder(b, id)) {
-            None => {}
-            Some(Some((bytes, next))) => {
-                self.sh(s).adjust(rec.manager, -1, -1, -(bytes as isize), 0);
-                if let Some(n) = next {
-                    let nm = self.array_mut(n).manager;
-                    self.sh(n.shard).adjust(nm, 0, 1, bytes as isize, 0);
+        match rec.store {
+            // Its own buffer goes back to the pool with it.
+            Store::Own(buf) => self
+                .sh(s)
+                .adjust(rec.manager, -1, -1, -(buf.bytes() as isize), 0),
+            Store::Shared(b) => match self.remove_holder(b, id) {
+                Some((bytes, next)) => {
+                    self.sh(s).adjust(rec.manager, -1, -1, -(bytes as isize), 0);
+                    if let Some(n) = next {
+                        let nm = self.array_mut(n).manager;
+                        self.sh(n.shard).adjust(nm, 0, 1, bytes as isize, 0);
+                    }
                 }
-            }
-            Some(None) => self.sh(s).adjust(rec.manager, -1, 0, 0, 0),
+                None => self.sh(s).adjust(rec.manager, -1, 0, 0, 0),
+            },
         }
         #[cfg(not(feature = "untracked"))]
         {

@@ -169,6 +169,11 @@ impl Ctx {
 /// Lock the shards of these arrays (their buffer records live there too),
 /// exclusively.
 pub(crate) fn lock_arrays(ids: &[ArrayId]) -> Ctx {
+    if let [first, rest @ ..] = ids
+        && rest.iter().all(|i| i.shard == first.shard)
+    {
+        return Ctx::one(first.shard); // the common case: one shard
+    }
     let want: SmallVec<[u32; 4]> = ids.iter().map(|i| i.shard).collect();
     Ctx::set(&want)
 }

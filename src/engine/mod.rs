@@ -282,13 +282,7 @@ pub(crate) fn hold_all(ids: &mut smallvec::SmallVec<[ArrayId; 4]>) {
     if ids.is_empty() {
         return;
     }
-    let first = ids[0].shard;
-    let mut ctx = if ids.iter().all(|i| i.shard == first) {
-        Ctx::one(first)
-    } else {
-        let shards: smallvec::SmallVec<[u32; 4]> = ids.iter().map(|i| i.shard).collect();
-        Ctx::set(&shards)
-    };
+    let mut ctx = lock_arrays(ids);
     ids.retain(|id| ctx.hold(*id).is_ok());
 }
 

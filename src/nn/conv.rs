@@ -129,12 +129,7 @@ impl Conv2dBuilder {
     /// `ManagerClosed`/`ManagerCapped` (of `m`). Nothing is left in `m` on an error.
     pub fn try_build(&self, m: &NDManager) -> Result<Conv2d> {
         const OP: &str = "conv2d";
-        if !self.dtype.is_float() {
-            return Err(NdError::invalid(
-                OP,
-                format!("parameters are float arrays, got dtype {}", self.dtype),
-            ));
-        }
+        super::check_param_dtype(OP, self.dtype)?;
         let zero = |what: &str, v: [usize; 2]| -> Result<()> {
             if v.contains(&0) {
                 return Err(NdError::invalid(

@@ -2,7 +2,7 @@
 
 use super::init::Init;
 use super::{Module, build_in, make_parameter};
-use crate::error::{NdError, Result, unwrap};
+use crate::error::{Result, unwrap};
 use crate::{DType, NDArray, NDManager};
 
 /// A table of `num_embeddings` vectors of size `embedding_dim` looked up by integer
@@ -66,12 +66,7 @@ impl EmbeddingBuilder {
     /// initialisation that is invalid), `ManagerClosed`/`ManagerCapped`. Nothing is
     /// left in `m` on an error.
     pub fn try_build(&self, m: &NDManager) -> Result<Embedding> {
-        if !self.dtype.is_float() {
-            return Err(NdError::invalid(
-                "embedding",
-                format!("parameters are float arrays, got dtype {}", self.dtype),
-            ));
-        }
+        super::check_param_dtype("embedding", self.dtype)?;
         let shape = [self.num_embeddings, self.embedding_dim];
         let (manager, weight) = build_in(m, "Embedding", |sub| {
             make_parameter(self.init.try_create(sub, shape, self.dtype)?)

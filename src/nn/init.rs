@@ -297,12 +297,7 @@ impl Init {
         dtype: DType,
     ) -> Result<NDArray> {
         let shape = shape.into();
-        if !dtype.is_float() {
-            return Err(NdError::invalid(
-                "init",
-                format!("parameters are float arrays, got dtype {dtype}"),
-            ));
-        }
+        super::check_param_dtype("init", dtype)?;
         match self.dist("init", &shape)? {
             Dist::Constant(v) => m.try_full(shape, v, dtype),
             Dist::Uniform(lo, hi) => m.try_random_uniform(lo, hi, shape, dtype),

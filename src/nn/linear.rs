@@ -83,12 +83,7 @@ impl LinearBuilder {
     /// (of `m`). Nothing is left in `m` on an error.
     #[track_caller]
     pub fn try_build(&self, m: &NDManager) -> Result<Linear> {
-        if !self.dtype.is_float() {
-            return Err(NdError::invalid(
-                "linear",
-                format!("parameters are float arrays, got dtype {}", self.dtype),
-            ));
-        }
+        super::check_param_dtype("linear", self.dtype)?;
         let shape = [self.out_features, self.in_features];
         let (fan_in, _) = fan_in_and_fan_out(&shape.into())?;
         let bias_init = self.bias_init.unwrap_or(Init::bias_default(fan_in));

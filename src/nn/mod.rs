@@ -173,8 +173,8 @@ pub use linear::{Linear, LinearBuilder};
 pub use norm::{BatchNorm2d, BatchNorm2dBuilder, LayerNorm, LayerNormBuilder};
 pub use sequential::Sequential;
 
-use crate::error::{Result, unwrap};
-use crate::{NDArray, NDManager};
+use crate::error::{NdError, Result, unwrap};
+use crate::{DType, NDArray, NDManager};
 
 /// A layer or a model: a function of an array with parameters that can be trained.
 ///
@@ -309,6 +309,18 @@ pub fn state_dict<M: Module + ?Sized>(model: &M) -> Vec<(String, NDArray)> {
 
 /// Make a layer's state in a new sub-manager of `m` named `name`: `make(&sub)` creates
 /// it; on an error the sub-manager is closed (nothing is left in `m`).
+/// `InvalidArgument` from `op` unless `dtype` is a float type (what every layer's
+/// parameters and every initialisation need).
+pub(crate) fn check_param_dtype(op: &'static str, dtype: DType) -> Result<()> {
+    if dtype.is_float() {
+        return Ok(());
+    }
+    Err(NdError::invalid(
+        op,
+        format!("parameters are float arrays, got dtype {dtype}"),
+    ))
+}
+
 pub(crate) fn build_in<T>(
     m: &NDManager,
     name: &str,

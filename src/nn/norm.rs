@@ -83,12 +83,7 @@ impl LayerNormBuilder {
     /// `ManagerClosed`/`ManagerCapped`. Nothing is left in `m` on an error.
     pub fn try_build(&self, m: &NDManager) -> Result<LayerNorm> {
         const OP: &str = "layer_norm";
-        if !self.dtype.is_float() {
-            return Err(NdError::invalid(
-                OP,
-                format!("parameters are float arrays, got dtype {}", self.dtype),
-            ));
-        }
+        super::check_param_dtype(OP, self.dtype)?;
         if self.normalized_shape.ndim() == 0 {
             return Err(NdError::invalid(
                 OP,
@@ -331,12 +326,7 @@ impl BatchNorm2dBuilder {
     /// `ManagerClosed`/`ManagerCapped`. Nothing is left in `m` on an error.
     pub fn try_build(&self, m: &NDManager) -> Result<BatchNorm2d> {
         const OP: &str = "batch_norm";
-        if !self.dtype.is_float() {
-            return Err(NdError::invalid(
-                OP,
-                format!("parameters are float arrays, got dtype {}", self.dtype),
-            ));
-        }
+        super::check_param_dtype(OP, self.dtype)?;
         if self.num_features == 0 {
             return Err(NdError::invalid(OP, "num_features must be positive"));
         }
