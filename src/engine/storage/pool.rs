@@ -12,6 +12,10 @@
 //!   [`LOCAL_CLASS_BYTES`] per class, under 1 MiB in all), touched only by its thread;
 //! * a **shared** pool behind its own small mutex (never the engine lock: buffers may be
 //!   dropped while the engine lock is held, or outside it by a large op's snapshot).
+//!   Local caches trade with it in batches of half a class's worth of blocks (a full
+//!   class spills half its blocks, an empty one refills half), as tcmalloc's per-thread
+//!   caches do with its central lists: a scope that frees thousands of temporaries takes
+//!   the mutex a few times, not once per block, so threads do not queue on it.
 //!
 //! Cached bytes are counted apart from live bytes ([`cached_bytes`]); the shared pool
 //! stays under [`set_limit`] (blocks freed beyond it go back to the system) and each
@@ -21,9 +25,9 @@
 //! block is initialised; reused ones hold old values.
 
 use crate::error::{NdError, Result};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use std::alloc::{self, Layout};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -81,6 +85,17 @@ static SHARED: Mutex<Shared> = Mutex::new(Shared {
     locals: Vec::new(),
 });
 
+thread_local! {
+    /// How many times this thread took the shared pool's lock (for the tests).
+    static TRIPS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Lock the shared pool, counting the trip.
+fn shared() -> MutexGuard<'static, Shared> {
+    let _ = TRIPS.try_with(|t| t.set(t.get() + 1));
+    SHARED.lock()
+}
+
 /// A thread's cache of small blocks.
 struct Local {
     free: [Vec<usize>; LOCAL_CLASSES],
@@ -104,11 +119,48 @@ impl std::ops::Deref for Counter {
 }
 
 impl Local {
+    /// Move up to half a class's worth of blocks of class `c` from the shared pool,
+    /// under one lock: a thread that frees more blocks than its cache keeps (a scope
+    /// closing on a thousand temporaries) and then makes them again goes to the shared
+    /// pool once per batch, not once per block, so threads do not queue on its mutex.
+    #[cold]
+    fn refill(&mut self, c: usize) {
+        let want = LOCAL_PER_CLASS[c].div_ceil(2);
+        let mut shared = shared();
+        let Some(list) = shared.free.get_mut(c) else {
+            return;
+        };
+        let n = want.min(list.len());
+        let moved = list.len() - n..;
+        self.free[c].extend(list.drain(moved));
+        let bytes = n * class_size(c as u32);
+        shared.bytes -= bytes;
+        self.bytes += bytes;
+    }
+
+    /// Move half of class `c`'s blocks to the shared pool under one lock (those past
+    /// the pool's `limit` go back to the system), making room for the next frees.
+    #[cold]
+    fn spill(&mut self, c: usize, limit: usize) {
+        let n = self.free[c].len().div_ceil(2);
+        let size = class_size(c as u32);
+        let start = self.free[c].len() - n;
+        let mut shared = shared();
+        for addr in self.free[c].drain(start..) {
+            if shared.bytes + size > limit {
+                system_free(c as u32, addr);
+            } else {
+                shared.push(c, addr);
+            }
+        }
+        self.bytes -= n * size;
+    }
+
     #[inline]
     fn publish(&mut self) {
         let counter = self.published.get_or_insert_with(|| {
             let c = Arc::new(Counter::default());
-            SHARED.lock().locals.push(c.clone());
+            shared().locals.push(c.clone());
             c
         });
         counter.store(self.bytes, Ordering::Relaxed);
@@ -118,7 +170,7 @@ impl Local {
 impl Drop for Local {
     fn drop(&mut self) {
         // The thread is exiting: hand its blocks to the shared pool.
-        let mut shared = SHARED.lock();
+        let mut shared = shared();
         for (class, list) in self.free.iter_mut().enumerate() {
             for addr in list.drain(..) {
                 shared.push(class, addr);
@@ -215,21 +267,24 @@ fn system_free(class: u32, addr: usize) {
 pub(crate) fn take(bytes: usize) -> Result<(u32, NonNull<u8>)> {
     let class = class_of(bytes).ok_or_else(|| NdError::OutOfMemory { bytes })?;
     let c = class as usize;
-    let hit = if c < LOCAL_CLASSES {
+    let local = if c < LOCAL_CLASSES {
         LOCAL
             .try_with(|l| {
                 let mut l = l.borrow_mut();
+                if l.free[c].is_empty() {
+                    l.refill(c);
+                }
                 let addr = l.free[c].pop()?;
                 l.bytes -= class_size(class);
                 l.publish();
                 Some(addr)
             })
             .ok()
-            .flatten()
     } else {
         None
     };
-    let hit = hit.or_else(|| SHARED.lock().pop(c));
+    // (A local miss has already looked into the shared pool.)
+    let hit = local.unwrap_or_else(|| shared().pop(c));
     if let Some(addr) = hit {
         // SAFETY: pooled addresses come from successful allocations (never null).
         return Ok((class, unsafe { NonNull::new_unchecked(addr as *mut u8) }));
@@ -266,7 +321,7 @@ pub(crate) fn give(class: u32, ptr: NonNull<u8>) {
             };
             let per_class = LOCAL_PER_CLASS[c];
             if l.free[c].len() >= per_class {
-                return false;
+                l.spill(c, limit);
             }
             if l.free[c].capacity() == 0 {
                 l.free[c].reserve_exact(per_class);
@@ -280,7 +335,7 @@ pub(crate) fn give(class: u32, ptr: NonNull<u8>) {
             return;
         }
     }
-    let mut shared = SHARED.lock();
+    let mut shared = shared();
     if shared.bytes + size > limit {
         drop(shared);
         return system_free(class, addr);
@@ -290,7 +345,7 @@ pub(crate) fn give(class: u32, ptr: NonNull<u8>) {
 
 /// Bytes held by the pool (shared pool plus every thread's local cache).
 pub(crate) fn cached_bytes() -> usize {
-    let shared = SHARED.lock();
+    let shared = shared();
     shared.bytes
         + shared
             .locals
@@ -316,7 +371,7 @@ pub(crate) fn empty() {
             }
         }
     });
-    SHARED.lock().trim(0);
+    shared().trim(0);
 }
 
 /// Cap the shared pool at `bytes` (trimming it now if needed); 0 turns caching off.
@@ -325,7 +380,7 @@ pub(crate) fn set_limit(bytes: usize) {
     if bytes == 0 {
         empty();
     } else {
-        SHARED.lock().trim(bytes);
+        shared().trim(bytes);
     }
 }
 
@@ -344,6 +399,47 @@ pub(crate) fn system_counts() -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A thread that frees and re-makes four local classes' worth of small blocks (a
+    /// scope closing on its temporaries, then the next epoch) trades with the shared
+    /// pool in batches: a few dozen locks per round instead of one per block.
+    #[test]
+    fn bursts_trade_with_the_shared_pool_in_batches() {
+        std::thread::spawn(|| {
+            let n = 4 * LOCAL_PER_CLASS[0];
+            let round = || {
+                let blocks: Vec<_> = (0..n).map(|_| take(40).unwrap()).collect();
+                for (class, ptr) in blocks {
+                    give(class & !FRESH, ptr);
+                }
+            };
+            round(); // fills the caches (may meet an empty shared pool on every take)
+            let before = TRIPS.with(Cell::get);
+            round();
+            round();
+            let trips = TRIPS.with(Cell::get) - before;
+            let (bytes, held) = LOCAL.with(|l| {
+                let l = l.borrow();
+                let held: usize = (0..LOCAL_CLASSES)
+                    .map(|c| l.free[c].len() * class_size(c as u32))
+                    .sum();
+                (l.bytes, held)
+            });
+            // Per round: n / (half a class) refills and as many spills, plus slack.
+            let batches = 2 * 2 * n / LOCAL_PER_CLASS[0].div_ceil(2);
+            assert!(
+                trips <= batches + 4,
+                "{trips} shared-pool trips for 2 rounds"
+            );
+            assert_eq!(bytes, held, "the local byte count matches its blocks");
+            assert!(
+                held <= LOCAL_CLASS_BYTES,
+                "the cache keeps at most a class's worth"
+            );
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn classes_cover_requests_within_a_quarter() {
