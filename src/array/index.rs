@@ -33,34 +33,38 @@ fn parse_int(s: &str, what: &str) -> std::result::Result<isize, String> {
         .map_err(|_| format!("invalid {what} '{s}' (expected an integer)"))
 }
 
-fn parse(index: &str) -> std::result::Result<Vec<Item>, String> {
+/// Parsed items: four inline (the parse allocates nothing for usual indices).
+type Items = smallvec::SmallVec<[Item; 4]>;
+
+fn parse(index: &str) -> std::result::Result<Items, String> {
     let trimmed = index.trim();
+    let mut items = Items::new();
     if trimmed.is_empty() {
-        return Ok(Vec::new());
+        return Ok(items);
     }
-    let mut parts: Vec<&str> = trimmed.split(',').map(str::trim).collect();
-    // Python accepts one trailing comma (`a[1,]`).
-    if parts.len() > 1 && parts.last() == Some(&"") {
-        parts.pop();
-    }
-    let mut items = Vec::with_capacity(parts.len());
-    for (k, p) in parts.iter().enumerate() {
+    let mut parts = trimmed.split(',').map(str::trim).enumerate().peekable();
+    while let Some((k, p)) = parts.next() {
         if p.is_empty() {
+            // Python accepts one trailing comma (`a[1,]`).
+            if k > 0 && parts.peek().is_none() {
+                break;
+            }
             return Err(format!("empty item {k} in index '{index}'"));
         }
-        if *p == "..." {
+        if p == "..." {
             if items.contains(&Item::Ellipsis) {
                 return Err(format!("more than one '...' in index '{index}'"));
             }
             items.push(Item::Ellipsis);
         } else if p.contains(':') {
-            let bounds: Vec<&str> = p.split(':').map(str::trim).collect();
-            if bounds.len() > 3 {
+            let mut bounds = p.split(':').map(str::trim);
+            let b = [bounds.next(), bounds.next(), bounds.next()];
+            if bounds.next().is_some() {
                 return Err(format!("slice '{p}' has more than two ':'"));
             }
             let part = |i: usize, what: &str| -> std::result::Result<Option<isize>, String> {
-                match bounds.get(i) {
-                    None | Some(&"") => Ok(None),
+                match b[i] {
+                    None | Some("") => Ok(None),
                     Some(s) => parse_int(s, what).map(Some),
                 }
             };
@@ -322,16 +326,29 @@ mod tests {
     #[test]
     fn parses_items() {
         assert_eq!(
-            parse(" 1 : 3 , -1, ..., ::-2 ").unwrap(),
-            vec![
+            parse(" 1 : 3 , -1, ..., ::-2 ").unwrap()[..],
+            [
                 Item::Slice(Some(1), Some(3), None),
                 Item::Index(-1),
                 Item::Ellipsis,
                 Item::Slice(None, None, Some(-2)),
             ]
         );
-        assert_eq!(parse("1,").unwrap(), vec![Item::Index(1)]);
+        assert_eq!(parse("1,").unwrap()[..], [Item::Index(1)]);
+        assert_eq!(parse(" 1 , ").unwrap()[..], [Item::Index(1)]);
+        assert_eq!(parse(",").unwrap_err(), "empty item 0 in index ','");
+        assert_eq!(parse("1, ,").unwrap_err(), "empty item 1 in index '1, ,'");
         assert!(parse("1,,2").is_err());
+        assert_eq!(
+            parse("1:2:3, 4, 5, 6, 7").unwrap()[..],
+            [
+                Item::Slice(Some(1), Some(2), Some(3)),
+                Item::Index(4),
+                Item::Index(5),
+                Item::Index(6),
+                Item::Index(7)
+            ]
+        );
         assert!(parse("a").is_err());
         assert!(parse("1:2:3:4").is_err());
         assert!(parse("::0").is_err());
