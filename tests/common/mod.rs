@@ -5,8 +5,10 @@
 
 use ndscope::{DType, GradientCollector, NDArray, NDManager, NDScope, SourceLocation};
 use std::cell::Cell;
+use std::io::Write;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind};
 use std::sync::{Mutex, MutexGuard, Once};
+use std::time::{Duration, Instant};
 
 /// Live (arrays, buffers, bytes) of manager `m`.
 pub fn counts(m: &NDManager) -> (usize, usize, usize) {
@@ -29,11 +31,64 @@ pub fn counters() -> (usize, usize, usize) {
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// When the current holder of [`serial`] took it, and its test's name.
+static HELD: Mutex<Option<(Instant, String)>> = Mutex::new(None);
+
+/// The hold on [`serial`]: while it lives, the other serial tests of the binary wait.
+pub struct Serial {
+    _guard: MutexGuard<'static, ()>,
+}
+
+impl Drop for Serial {
+    fn drop(&mut self) {
+        *HELD.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
 /// One lock per test binary: the tests that hold it run one at a time (tests of a binary
 /// otherwise run in parallel threads). A test that panicked while holding it does not
 /// poison it for the others.
-pub fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+///
+/// A watchdog aborts the test process when one test holds the lock for more than 600
+/// seconds (`NDSCOPE_TEST_WATCHDOG_SECS` overrides; the slowest serial test takes a few
+/// seconds, a minute under valgrind): an engine bug that leaves a thread spinning then
+/// fails the run with the test's name instead of running into CI's time limit.
+pub fn serial() -> Serial {
+    start_watchdog();
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let name = std::thread::current().name().unwrap_or("?").to_string();
+    *HELD.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), name));
+    Serial { _guard: guard }
+}
+
+fn start_watchdog() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let limit = std::env::var("NDSCOPE_TEST_WATCHDOG_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(600u64);
+        let limit = Duration::from_secs(limit);
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(500));
+                let held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some((since, name)) = &*held
+                    && since.elapsed() > limit
+                {
+                    // Straight to the stream: `eprintln!` in a thread spawned by a
+                    // test is captured with that test's output, lost by the abort.
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "test watchdog: '{name}' has held common::serial() for over {} s; \
+                         aborting the test process (a hang?)",
+                        limit.as_secs()
+                    );
+                    std::process::abort();
+                }
+            }
+        });
+    });
 }
 
 thread_local! {

@@ -6,12 +6,12 @@
 //! counters (`ndscope::memory()`) can be compared with their value before the test: they
 //! are back at baseline after each.
 
-use crate::common::{expect_panic, serial};
+use crate::common::{Serial, expect_panic, serial};
 use ndscope::{CloseReason, DType, NDArray, NDManager, NDScope, NdError, TaskEnd};
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ fn live() -> (usize, usize) {
 /// Checks at the end of a test that nothing created during it is left.
 struct Baseline {
     before: (usize, usize),
-    _serial: MutexGuard<'static, ()>,
+    _serial: Serial,
 }
 
 fn baseline() -> Baseline {
