@@ -33,16 +33,47 @@ fn parse_int(s: &str, what: &str) -> std::result::Result<isize, String> {
         .map_err(|_| format!("invalid {what} '{s}' (expected an integer)"))
 }
 
+/// `s` without surrounding whitespace (as [`str::trim`]); a part with printable ASCII at
+/// both ends, the usual case, is returned as it is without decoding any character.
+#[inline]
+fn trim(s: &str) -> &str {
+    match s.as_bytes() {
+        [first, .., last] if first.is_ascii_graphic() && last.is_ascii_graphic() => s,
+        [only] if only.is_ascii_graphic() => s,
+        _ => s.trim(),
+    }
+}
+
+/// `s` split at each `sep`, an ASCII byte (so every split falls on a char boundary);
+/// a byte scan, cheaper than a char pattern for the few bytes of an index.
+fn split_at(s: &str, sep: u8) -> impl Iterator<Item = &str> {
+    debug_assert!(sep.is_ascii());
+    let mut rest = Some(s);
+    std::iter::from_fn(move || {
+        let r = rest?;
+        match r.bytes().position(|b| b == sep) {
+            Some(i) => {
+                rest = Some(&r[i + 1..]);
+                Some(&r[..i])
+            }
+            None => {
+                rest = None;
+                Some(r)
+            }
+        }
+    })
+}
+
 /// Parsed items: four inline (the parse allocates nothing for usual indices).
 type Items = smallvec::SmallVec<[Item; 4]>;
 
 fn parse(index: &str) -> std::result::Result<Items, String> {
-    let trimmed = index.trim();
+    let trimmed = trim(index);
     let mut items = Items::new();
     if trimmed.is_empty() {
         return Ok(items);
     }
-    let mut parts = trimmed.split(',').map(str::trim).enumerate().peekable();
+    let mut parts = split_at(trimmed, b',').map(trim).enumerate().peekable();
     while let Some((k, p)) = parts.next() {
         if p.is_empty() {
             // Python accepts one trailing comma (`a[1,]`).
@@ -56,8 +87,8 @@ fn parse(index: &str) -> std::result::Result<Items, String> {
                 return Err(format!("more than one '...' in index '{index}'"));
             }
             items.push(Item::Ellipsis);
-        } else if p.contains(':') {
-            let mut bounds = p.split(':').map(str::trim);
+        } else if p.as_bytes().contains(&b':') {
+            let mut bounds = split_at(p, b':').map(trim);
             let b = [bounds.next(), bounds.next(), bounds.next()];
             if bounds.next().is_some() {
                 return Err(format!("slice '{p}' has more than two ':'"));
@@ -96,10 +127,10 @@ fn slice_range(n: usize, start: Option<isize>, stop: Option<isize>, step: isize)
     if step > 0 {
         let start = start.map_or(0, |v| norm(v).clamp(0, n));
         let stop = stop.map_or(n, |v| norm(v).clamp(0, n));
-        let len = if stop > start {
-            (stop - start + step - 1) / step
-        } else {
-            0
+        let len = match stop - start {
+            d if d <= 0 => 0,
+            d if step == 1 => d, // the usual slice: no 128-bit division
+            d => (d + step - 1) / step,
         };
         (start, len)
     } else {
@@ -128,12 +159,23 @@ pub(crate) fn select(layout: &Layout, index: &str) -> std::result::Result<Layout
     let mut shape = Dims::new();
     let mut strides = crate::engine::layout::Strides::new();
     let mut offset = layout.offset as i128;
-    let expanded = items.iter().flat_map(|&it| {
-        let reps = if it == Item::Ellipsis { nd - named } else { 1 };
-        std::iter::repeat_n(it, reps)
-    });
-    let rest = std::iter::repeat(Item::Slice(None, None, None));
-    for (axis, it) in expanded.chain(rest).take(nd).enumerate() {
+    // One item per axis: `...` stands for the axes not named, and axes left over at
+    // the end are taken whole.
+    let whole = Item::Slice(None, None, None);
+    let mut per_axis = items.iter().copied();
+    let mut ellipsis_left = 0;
+    for axis in 0..nd {
+        let it = loop {
+            if ellipsis_left > 0 {
+                ellipsis_left -= 1;
+                break Item::Ellipsis;
+            }
+            match per_axis.next() {
+                Some(Item::Ellipsis) => ellipsis_left = nd - named,
+                Some(it) => break it,
+                None => break whole,
+            }
+        };
         let (n, stride) = (layout.shape.0[axis], layout.strides[axis]);
         match it {
             Item::Index(i) => {
@@ -339,6 +381,18 @@ mod tests {
         assert_eq!(parse(",").unwrap_err(), "empty item 0 in index ','");
         assert_eq!(parse("1, ,").unwrap_err(), "empty item 1 in index '1, ,'");
         assert!(parse("1,,2").is_err());
+        // Whitespace is trimmed as `str::trim` does, Unicode included.
+        assert_eq!(
+            parse("\t1\n,\u{3000}:2 ,x").unwrap_err(),
+            "invalid index 'x' (expected an integer)"
+        );
+        assert_eq!(
+            parse("\t1\n,\u{3000}:2\u{a0}").unwrap()[..],
+            [Item::Index(1), Item::Slice(None, Some(2), None)]
+        );
+        assert_eq!(parse(":").unwrap()[..], [Item::Slice(None, None, None)]);
+        assert_eq!(parse("::").unwrap()[..], [Item::Slice(None, None, None)]);
+        assert_eq!(parse(" 7 ").unwrap()[..], [Item::Index(7)]);
         assert_eq!(
             parse("1:2:3, 4, 5, 6, 7").unwrap()[..],
             [
