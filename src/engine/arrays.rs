@@ -15,23 +15,6 @@ use crate::error::{Result, SourceLocation};
 use smallvec::SmallVec;
 use std::sync::Arc;
 
-/// What [`Ctx::free_array`] keeps of a record it removes.
-struct Freed {
-    store: Store,
-    manager: MgrId,
-    mgr_pos: u32,
-    #[cfg_attr(feature = "untracked", allow(dead_code))]
-    dtype: DType,
-    #[cfg_attr(feature = "untracked", allow(dead_code))]
-    created_at: SourceLocation,
-    grad: Option<ArrayId>,
-    scopes: SmallVec<[(super::slab::ScopeId, u32); 1]>,
-    #[cfg_attr(feature = "untracked", allow(dead_code))]
-    shape: crate::Shape,
-    #[cfg_attr(feature = "untracked", allow(dead_code))]
-    cold: Option<Box<ColdRec>>,
-}
-
 /// Where a new array's data comes from.
 pub(crate) enum Data {
     /// A fresh buffer, laid out contiguously.
@@ -184,7 +167,7 @@ impl Ctx {
                 (Store::Shared(b), 0, Some(b))
             }
         };
-        let id = sh.arrays.insert(ArrayRec {
+        let id = sh.arrays.insert_with(|| ArrayRec {
             store,
             layout,
             dtype,
@@ -353,62 +336,59 @@ impl Ctx {
         cause: Cause,
     ) -> bool {
         let s = id.shard;
-        let sh = self.sh(s);
-        // Move out only what outlives the record (the shape goes to its tombstone);
-        // the record is dropped where it lies.
-        let Some(rec) = sh.arrays.remove_with(id, |r| Freed {
-            store: std::mem::replace(&mut r.store, Store::Own(Buffer::empty())),
-            manager: r.manager,
-            mgr_pos: r.mgr_pos,
-            dtype: r.dtype,
-            created_at: r.created_at,
-            grad: r.grad,
-            scopes: std::mem::take(&mut r.scopes),
-            shape: std::mem::take(&mut r.layout.shape),
-            cold: r.cold.take(),
-        }) else {
+        let Shard { arrays, graves, .. } = self.sh(s);
+        let Some(r) = arrays.get_mut(id) else {
             return false;
         };
-        // A parameter's gradient lives and dies with it.
-        let grad = rec.grad;
-        sh.unlink_from_manager(rec.manager, rec.mgr_pos as usize);
-        for &(sid, pos) in &rec.scopes {
+        // Read what outlives the record straight from it (a record-sized copy read
+        // back right after it is written stalls the loads), write its tombstone
+        // straight into the graveyard ring, then drop the record where it lies: an own
+        // buffer goes back to the pool.
+        let (manager, mgr_pos, grad) = (r.manager, r.mgr_pos as usize, r.grad);
+        // A parameter's gradient lives and dies with it (freed last, below).
+        let store = match &r.store {
+            Store::Own(buf) => Err(buf.bytes()),
+            Store::Shared(b) => Ok(*b),
+        };
+        let scopes = std::mem::take(&mut r.scopes);
+        #[cfg_attr(feature = "untracked", allow(unused_variables))]
+        let cold = r.cold.take();
+        #[cfg(not(feature = "untracked"))]
+        graves.bury_with(id, || Tomb {
+            shape: std::mem::take(&mut r.layout.shape),
+            dtype: r.dtype,
+            created_at: r.created_at,
+            closed_at: at,
+            cause,
+        });
+        #[cfg(feature = "untracked")]
+        let _ = graves;
+        arrays.remove_with(id, |_| ());
+        self.sh(s).unlink_from_manager(manager, mgr_pos);
+        for &(sid, pos) in &scopes {
             self.scope_unlink_at(sid, pos as usize);
         }
-        match rec.store {
-            // Its own buffer goes back to the pool with it.
-            Store::Own(buf) => self
-                .sh(s)
-                .adjust(rec.manager, -1, -1, -(buf.bytes() as isize), 0),
-            Store::Shared(b) => match self.remove_holder(b, id) {
+        match store {
+            Err(bytes) => self.sh(s).adjust(manager, -1, -1, -(bytes as isize), 0),
+            Ok(b) => match self.remove_holder(b, id) {
                 Some((bytes, next)) => {
-                    self.sh(s).adjust(rec.manager, -1, -1, -(bytes as isize), 0);
+                    self.sh(s).adjust(manager, -1, -1, -(bytes as isize), 0);
                     if let Some(n) = next {
                         let nm = self.array_mut(n).manager;
                         self.sh(n.shard).adjust(nm, 0, 1, bytes as isize, 0);
                     }
                 }
-                None => self.sh(s).adjust(rec.manager, -1, 0, 0, 0),
+                None => self.sh(s).adjust(manager, -1, 0, 0, 0),
             },
         }
         #[cfg(not(feature = "untracked"))]
         {
             let sh = self.sh(s);
             let closed_bt = backtrace();
-            let created_bt = rec.cold.and_then(|c| c.created_bt);
+            let created_bt = cold.and_then(|c| c.created_bt);
             if created_bt.is_some() || closed_bt.is_some() {
                 sh.traces.bury(id, (created_bt, closed_bt));
             }
-            sh.graves.bury(
-                id,
-                Tomb {
-                    shape: rec.shape,
-                    dtype: rec.dtype,
-                    created_at: rec.created_at,
-                    closed_at: at,
-                    cause,
-                },
-            );
         }
         if let Some(g) = grad {
             self.free_array(g, at, cause);

@@ -177,6 +177,31 @@ impl<K, L> Slab<K, L> {
         Id::new(self.shard, index, serial)
     }
 
+    /// Insert the value `make` builds, built straight in its slot: a large record
+    /// built on the stack and then copied in would be read back right after its
+    /// stores, which stalls the copy (store forwarding fails on the wide loads).
+    #[inline(always)]
+    pub(crate) fn insert_with(&mut self, make: impl FnOnce() -> L) -> Id<K> {
+        self.live += 1;
+        let serial = self.serial();
+        let index = match self.free.pop() {
+            Some(index) => index,
+            None => {
+                let index = u32::try_from(self.slots.len()).expect("more than 2^32 live ids");
+                self.slots.push(Slot {
+                    serial: 0,
+                    value: None,
+                });
+                index
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        debug_assert!(slot.value.is_none());
+        slot.serial = serial;
+        slot.value = Some(make());
+        Id::new(self.shard, index, serial)
+    }
+
     #[inline]
     pub(crate) fn get(&self, id: Id<K>) -> Option<&L> {
         match self.slots.get(id.index as usize) {
@@ -269,6 +294,22 @@ impl<K, D> Graveyard<K, D> {
             self.ring[self.next] = (id, tombstone);
         }
         // A compare, not `%`: a division costs more than the rest of a bury.
+        self.next += 1;
+        if self.next == self.capacity {
+            self.next = 0;
+        }
+    }
+
+    /// [`Graveyard::bury`] with the record built by `make` straight in its ring slot
+    /// (no copy of a tombstone just built on the stack).
+    #[inline(always)]
+    #[cfg_attr(feature = "untracked", allow(dead_code))]
+    pub(crate) fn bury_with(&mut self, id: Id<K>, make: impl FnOnce() -> D) {
+        if self.ring.len() < self.capacity {
+            self.ring.push((id, make()));
+        } else {
+            self.ring[self.next] = (id, make());
+        }
         self.next += 1;
         if self.next == self.capacity {
             self.next = 0;
