@@ -154,8 +154,14 @@ fn matmul_impl(
             return Err(mismatch());
         }
         let (m, k, n) = (va.rows, va.cols, vb.cols);
-        let batch = Shape::broadcast(&Shape::from(va.batch), &Shape::from(vb.batch))
-            .ok_or_else(mismatch)?;
+        // Matrices (no batch dimensions), the common case: one product at the
+        // operands' offsets, without the batch bookkeeping below.
+        let single = va.batch.is_empty() && vb.batch.is_empty();
+        let batch = if single {
+            Shape::default()
+        } else {
+            Shape::broadcast(&Shape::from(va.batch), &Shape::from(vb.batch)).ok_or_else(mismatch)?
+        };
         let mut out_dims: Dims = batch.0.clone();
         if a.shape().ndim() > 1 {
             out_dims.push(m);
@@ -170,11 +176,13 @@ fn matmul_impl(
         let mn = m * n;
         // Element offsets of each batch's matrices, in row-major batch order.
         let mut offsets = SmallVec::<[(isize, isize); 1]>::with_capacity(batch.size());
-        let (sa, sb) = (
-            batch_strides(va.batch, va.batch_strides, &batch),
-            batch_strides(vb.batch, vb.batch_strides, &batch),
-        );
-        if mn > 0 {
+        if single {
+            offsets.push((a.layout.offset as isize, b.layout.offset as isize));
+        } else if mn > 0 {
+            let (sa, sb) = (
+                batch_strides(va.batch, va.batch_strides, &batch),
+                batch_strides(vb.batch, vb.batch_strides, &batch),
+            );
             for_each_row(
                 batch.dims(),
                 [&sa, &sb],
