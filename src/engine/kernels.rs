@@ -473,6 +473,9 @@ fn lanes_sum<T: Native>(x: &[T]) -> T {
     lanes[0].add(s)
 }
 
+/// Products of at most this many multiply-adds skip gemm (see [`matmul_2d`]).
+const TINY_MATMUL_FLOPS: usize = 256;
+
 /// A 2-D strided matrix operand: element (i, j) is at `off + i*rs + j*cs`.
 pub(crate) struct Mat<'a, T> {
     pub data: &'a [T],
@@ -512,7 +515,12 @@ pub(crate) fn matmul_2d<T: Native>(
         }
     }
     let gemm_type = std::any::TypeId::of::<T>();
-    if gemm_type == std::any::TypeId::of::<f32>() || gemm_type == std::any::TypeId::of::<f64>() {
+    let is_float =
+        gemm_type == std::any::TypeId::of::<f32>() || gemm_type == std::any::TypeId::of::<f64>();
+    // gemm's setup (dispatch, packing decisions) costs about 3,000 instructions: tiny
+    // products (a [2,64] x [64,1] gradient takes 128 multiply-adds) are cheaper as
+    // the plain loop below.
+    if is_float && m * n * k > TINY_MATMUL_FLOPS {
         // Check that every element gemm will touch is inside the slices: the lowest and
         // highest indices of a strided matrix are at corners (either stride may be
         // negative, so take each dimension's extreme separately).
@@ -736,5 +744,47 @@ mod tests {
         assert!(prefers_outer(&rows, &[0]));
         assert!(!prefers_outer(&rows, &[2]));
         assert!(!prefers_outer(&layouts[1], &[0]));
+    }
+
+    /// Products below and above [`TINY_MATMUL_FLOPS`] (the plain loop and gemm) agree
+    /// with an f64 reference, on a transposed left operand read with negative and
+    /// positive strides.
+    #[test]
+    fn tiny_and_gemm_products_agree_with_a_reference() {
+        for (m, k, n) in [(2, 64, 1), (4, 16, 4), (3, 7, 5), (4, 64, 2), (8, 40, 8)] {
+            // `a` is stored as [k, m] and read transposed, rows reversed.
+            let da: Vec<f32> = (0..k * m)
+                .map(|v| ((v * 37 % 17) as f32 - 8.0) / 4.0)
+                .collect();
+            let db: Vec<f32> = (0..k * n)
+                .map(|v| ((v * 11 % 13) as f32 - 6.0) / 3.0)
+                .collect();
+            let a = Mat {
+                data: &da,
+                off: (m - 1) as isize,
+                rs: -1,
+                cs: m as isize,
+            };
+            let b = Mat {
+                data: &db,
+                off: 0,
+                rs: n as isize,
+                cs: 1,
+            };
+            let mut out = vec![0f32; m * n];
+            matmul_2d(m, n, k, a, b, &mut out);
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = (0..k)
+                        .map(|p| da[p * m + (m - 1 - i)] as f64 * db[p * n + j] as f64)
+                        .sum();
+                    let got = out[i * n + j] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "({m},{k},{n}) [{i},{j}]: {got} vs {want}"
+                    );
+                }
+            }
+        }
     }
 }
