@@ -490,24 +490,28 @@ pub(crate) fn run_inplace(
     let r = ctx.array(target)?;
     let tbuf = ctx.shr(target.shard).data_of(r);
     // Inputs sharing the target's buffer are copied out first so reads never alias
-    // the write.
-    let mut copies: SmallVec<[Option<(Buffer, Layout)>; 2]> = SmallVec::new();
-    for &id in inputs {
-        let o = ctx.operand(id)?;
-        copies.push(if o.buf.addr() == tbuf.addr() && o.buf.bytes() != 0 {
-            Some(super::kernels::materialize(&o)?)
-        } else {
-            None
-        });
-    }
+    // the write (declared first: the operands may point into it).
+    let copies: SmallVec<[Option<(Buffer, Layout)>; 2]>;
     let mut ops = SmallVec::<[Operand<'_>; 2]>::new();
-    for (i, &id) in inputs.iter().enumerate() {
-        let mut o = ctx.operand(id)?;
-        if let Some((b, l)) = &copies[i] {
-            o.buf = b;
-            o.layout = l;
+    for &id in inputs {
+        ops.push(ctx.operand(id)?);
+    }
+    let aliases = |o: &Operand<'_>| o.buf.addr() == tbuf.addr() && o.buf.bytes() != 0;
+    if ops.iter().any(aliases) {
+        copies = ops
+            .iter()
+            .map(|o| {
+                aliases(o)
+                    .then(|| super::kernels::materialize(o))
+                    .transpose()
+            })
+            .collect::<Result<_>>()?;
+        for (o, c) in ops.iter_mut().zip(&copies) {
+            if let Some((b, l)) = c {
+                o.buf = b;
+                o.layout = l;
+            }
         }
-        ops.push(o);
     }
     let t = OperandMut {
         buf: tbuf,

@@ -172,7 +172,7 @@ pub(crate) fn shard_count() -> usize {
 pub(crate) type Shards = SmallVec<[u32; 8]>;
 
 /// Add shard `s` to the set.
-#[inline]
+#[inline(always)]
 pub(crate) fn add(out: &mut Shards, s: u32) {
     if !out.contains(&s) {
         out.push(s);
