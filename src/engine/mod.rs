@@ -340,14 +340,25 @@ pub(crate) fn close_scope(
         return Ok(Vec::new()); // already closed (e.g. by an outer scope)
     }
     let chain = ctx.close_chain(sid)?;
+    Ok(close_then_release(ctx, &chain, at))
+}
+
+/// Close the scopes of `chain` under `ctx` (freeing what can be freed there), then
+/// release the few arrays whose release reaches other shards, each under its own
+/// locks. Returns the resources to close once no lock is held.
+fn close_then_release(
+    mut ctx: Ctx,
+    chain: &[ScopeId],
+    at: Option<SourceLocation>,
+) -> Vec<Box<dyn Resource>> {
     let mut later = Vec::new();
-    let resources = ctx.close_scopes(&chain, at, &mut later);
+    let resources = ctx.close_scopes(chain, at, &mut later);
     drop(ctx);
-    for (id, c, opened_at) in later {
+    for (id, c, cause) in later {
         lock_needed(&[id.shard], |ctx, out| ctx.free_shards(id, out))
-            .drop_registration(id, c, opened_at, at);
+            .drop_registration(id, c, cause, at);
     }
-    Ok(resources)
+    resources
 }
 
 /// Lock what unlinking `id` from its scopes (and from `also`) touches.

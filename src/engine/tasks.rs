@@ -91,14 +91,7 @@ pub(crate) fn close_task(
     for &(rec, cur) in parts {
         ctx.task_chain(rec, cur, end, &mut chain);
     }
-    let mut later = Vec::new();
-    let resources = ctx.close_scopes(&chain, None, &mut later);
-    drop(ctx);
-    for (id, c, cause) in later {
-        lock_needed(&[id.shard], |ctx, out| ctx.free_shards(id, out))
-            .drop_registration(id, c, cause, None);
-    }
-    resources
+    super::close_then_release(ctx, &chain, None)
 }
 
 /// The records of the innermost async task whose poll is running on this thread.
