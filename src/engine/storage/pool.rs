@@ -441,6 +441,34 @@ mod tests {
         .unwrap();
     }
 
+    /// Threads spilling and refilling at once keep the shared pool's byte count equal
+    /// to the blocks it lists (checked under its lock, so other tests may use the pool
+    /// meanwhile), and an exiting thread's cache is handed over whole.
+    #[test]
+    fn concurrent_bursts_keep_the_shared_count_exact() {
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    for round in 0..20 {
+                        let n = LOCAL_PER_CLASS[0] + 97 * (t + round % 3);
+                        let blocks: Vec<_> = (0..n).map(|_| take(50).unwrap()).collect();
+                        for (class, ptr) in blocks {
+                            give(class & !FRESH, ptr);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        let shared = shared();
+        let listed: usize = (0..shared.free.len())
+            .map(|c| shared.free[c].len() * class_size(c as u32))
+            .sum();
+        assert_eq!(shared.bytes, listed);
+    }
+
     #[test]
     fn classes_cover_requests_within_a_quarter() {
         let mut last = 0;
