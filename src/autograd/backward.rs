@@ -177,11 +177,43 @@ fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<G>>) -> Result<()> 
     }
     // Add into the parameters' gradients in place, all or nothing: if one gradient
     // array was freed (e.g. with a manager the parameter has left), fail before
-    // changing any of them.
+    // changing any of them. The common case takes one engine lock for all of them.
     let ids = tape.leaf_ids.iter().copied().chain(loss_leaf);
-    let mut updates: SmallVec<[(NDArray, G); 4]> = SmallVec::new();
+    let mut params: SmallVec<[ArrayId; 4]> = SmallVec::new();
+    let mut gs: SmallVec<[G; 4]> = SmallVec::new();
     for (id, g) in ids.zip(leaves.iter_mut()) {
-        let Some(g) = g.take() else { continue };
+        if let Some(g) = g.take() {
+            params.push(id);
+            gs.push(g);
+        }
+    }
+    let values: SmallVec<[Option<ArrayId>; 4]> = gs
+        .iter()
+        .map(|g| match &g.base {
+            Base::Arr(a) => Some(a.id),
+            Base::Ones(_) => None,
+        })
+        .collect();
+    let done = engine::add_to_grads(&params, &values, &mut |i, mut t, v| {
+        let scale = gs[i].scale;
+        dispatch_float!(t.dtype, T => {
+            let s = T::from_f64(scale);
+            match &v {
+                None => kernels::assign_unary::<T>(t.strided::<T>(), move |p| p.add(s)),
+                Some(b) if scale == 1.0 => {
+                    kernels::assign_binary::<T>(t.strided::<T>(), b, |p, q| p.add(q))
+                }
+                Some(b) => kernels::assign_binary::<T>(t.strided::<T>(), b, move |p, q| {
+                    p.add(q.mul(s))
+                }),
+            }
+        }, else unreachable!("a gradient is float"));
+    });
+    if done {
+        return Ok(());
+    }
+    let mut updates: SmallVec<[(NDArray, G); 4]> = SmallVec::new();
+    for (id, g) in params.into_iter().zip(gs) {
         if let Ok(Some(pg)) = engine::grad(id) {
             updates.push((NDArray { id: pg }, g));
         }
