@@ -243,15 +243,17 @@ impl GradMut<'_> {
 
 /// Backward's last step in one lock round trip: for each `params[i]` that is live and
 /// has a gradient array, call `f(i, gradient, value)` with `value` the operand of
-/// `values[i]` (`None`: no array, e.g. a gradient of ones), for `f` to add it into the
-/// gradient in place. Only the common case is done here: every array in one shard,
-/// every gradient the sole viewer of its buffer, no value sharing a gradient's buffer,
-/// float gradients, each value of its gradient's dtype and broadcastable to its shape. Otherwise
+/// `values[i]`'s array (`None`: no array, e.g. a gradient of ones), for `f` to add it
+/// into the gradient in place. Only the common case is done here: every array in one
+/// shard, every gradient a float array and the sole viewer of its buffer, no value
+/// sharing a gradient's buffer, each value of its gradient's dtype and broadcastable
+/// to its shape or, where `values[i]`'s flag is set (a value to be summed over its
+/// broadcast axes), the gradient's shape broadcastable to the value's. Otherwise
 /// nothing is done and `false` returned, for the caller to take the general path
 /// (which also reports the errors).
 pub(crate) fn add_to_grads(
     params: &[ArrayId],
-    values: &[Option<ArrayId>],
+    values: &[Option<(ArrayId, bool)>],
     f: &mut dyn FnMut(usize, GradMut<'_>, Option<Operand<'_>>),
 ) -> bool {
     let Some(first) = params.first() else {
@@ -260,7 +262,7 @@ pub(crate) fn add_to_grads(
     let s = first.shard;
     if params
         .iter()
-        .chain(values.iter().flatten())
+        .chain(values.iter().flatten().map(|(v, _)| v))
         .any(|i| i.shard != s)
     {
         return false;
@@ -283,14 +285,13 @@ pub(crate) fn add_to_grads(
         if !matches!(gr.store, records::Store::Own(_)) || !gr.dtype.is_float() {
             return false;
         }
-        if let Some(v) = values[i] {
+        if let Some((v, reduce)) = values[i] {
             let Some(vr) = sh.arrays.get(v) else {
                 return false;
             };
-            if vr.dtype != gr.dtype
-                || Shape::broadcast(&gr.layout.shape, &vr.layout.shape).as_ref()
-                    != Some(&gr.layout.shape)
-            {
+            let (gs, vs) = (&gr.layout.shape, &vr.layout.shape);
+            let to = if reduce { vs } else { gs };
+            if vr.dtype != gr.dtype || Shape::broadcast(gs, vs).as_ref() != Some(to) {
                 return false;
             }
         }
@@ -298,7 +299,7 @@ pub(crate) fn add_to_grads(
     }
     // No value may read a buffer that one of the gradients is (an `Own` buffer has
     // one viewer, but a value may be that gradient array itself).
-    for v in values.iter().flatten() {
+    for (v, _) in values.iter().flatten() {
         let vaddr = sh.arrays.get(*v).map(|r| sh.data_of(r).addr());
         if grads
             .iter()
@@ -310,7 +311,7 @@ pub(crate) fn add_to_grads(
     }
     for (i, g) in grads.iter().enumerate() {
         let Some(gr) = g else { continue };
-        let value = values[i].and_then(|v| ctx.operand(v).ok());
+        let value = values[i].and_then(|(v, _)| ctx.operand(v).ok());
         let target = GradMut {
             buf: sh.data_of(gr),
             layout: &gr.layout,
