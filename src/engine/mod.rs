@@ -398,6 +398,16 @@ pub(crate) fn unhold_all(ids: &[ArrayId]) {
     {
         let mut ctx = Ctx::one(me);
         for &id in ids {
+            // The common case: the array stays alive (its scope is open, or another
+            // hold or a retain keeps it), so dropping the hold is a decrement.
+            if id.shard == me
+                && let Ctx::One(_, sh) = &mut ctx
+                && let Some(r) = sh.arrays.get_mut(id)
+                && (r.holds > 1 || r.retains > 0 || !r.scopes.is_empty())
+            {
+                r.holds = r.holds.saturating_sub(1);
+                continue;
+            }
             let local = id.shard == me && matches!(&ctx, Ctx::One(_, sh) if sh.free_is_local(id));
             if local {
                 ctx.unhold(id);
