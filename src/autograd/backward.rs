@@ -9,7 +9,7 @@ use super::{Grads, LEAF, NO_SLOT, Node, ReduceKind, Rule, Tape};
 use crate::array::linalg::matmul_t;
 use crate::array::{BinOp, UnOp};
 use crate::dtype::{Native, dispatch_float};
-use crate::engine::{self, ArrayId, kernels};
+use crate::engine::{self, ArrayId, Layout, kernels};
 use crate::error::{NdError, Result};
 use crate::shape::Dims;
 use crate::{DType, NDArray, NDManager, Shape};
@@ -31,6 +31,11 @@ enum Base {
     Arr(NDArray),
     /// All ones of this shape (the seed and what `sum`/`mean`/`reshape` make of it).
     Ones(Shape),
+    /// An array still to be summed over its broadcast axes to this shape
+    /// ([`unbroadcast`]): deferred so that a parameter's gradient, which gets it as
+    /// its only contribution, sums it in the kernel that adds it in (no array made).
+    /// Made an array ([`G::settle`]) before anything else reads it.
+    Unreduced(NDArray, Shape),
 }
 
 /// Where [`G::array`] creates the arrays of [`Base::Ones`]: the loss's manager and dtype.
@@ -56,26 +61,40 @@ impl G {
 
     /// `scale * base` as an array (no op when the scale is 1 and the base an array).
     fn array(self, env: &Env) -> Result<NDArray> {
+        let g = self.settle()?;
+        match g.base {
+            Base::Ones(shape) => env.manager.try_full(shape, g.scale, env.dtype),
+            Base::Arr(a) if g.scale == 1.0 => Ok(a),
+            Base::Arr(a) => a.try_mul(g.scale),
+            Base::Unreduced(..) => unreachable!("settled"),
+        }
+    }
+
+    /// The same gradient with a [`Base::Unreduced`] base summed to its shape.
+    fn settle(self) -> Result<G> {
         match self.base {
-            Base::Ones(shape) => env.manager.try_full(shape, self.scale, env.dtype),
-            Base::Arr(a) if self.scale == 1.0 => Ok(a),
-            Base::Arr(a) => a.try_mul(self.scale),
+            Base::Unreduced(a, shape) => Ok(G {
+                base: Base::Arr(unbroadcast(a, &shape)?),
+                scale: self.scale,
+            }),
+            _ => Ok(self),
         }
     }
 
     /// The sum of two gradients of one array.
     fn add(self, other: G, env: &Env) -> Result<G> {
-        match (self.base, other.base) {
+        let (this, other) = (self.settle()?, other.settle()?);
+        match (this.base, other.base) {
             (Base::Ones(s), Base::Ones(_)) => Ok(G {
                 base: Base::Ones(s),
-                scale: self.scale + other.scale,
+                scale: this.scale + other.scale,
             }),
-            (Base::Arr(a), Base::Arr(b)) if self.scale == other.scale => Ok(G {
+            (Base::Arr(a), Base::Arr(b)) if this.scale == other.scale => Ok(G {
                 base: Base::Arr(a.try_add(b)?),
-                scale: self.scale,
+                scale: this.scale,
             }),
             (a, b) => {
-                let a = G { base: a, ..self }.array(env)?;
+                let a = G { base: a, ..this }.array(env)?;
                 let b = G { base: b, ..other }.array(env)?;
                 Ok(G::arr(a.try_add(b)?))
             }
@@ -100,10 +119,12 @@ impl G {
                     scale: self.scale * count,
                 })
             }
+            // Summed when read (see `Base::Unreduced`).
             Base::Arr(a) => Ok(G {
-                base: Base::Arr(unbroadcast(a, shape)?),
+                base: Base::Unreduced(a, shape.clone()),
                 scale: self.scale,
             }),
+            Base::Unreduced(..) => self.settle()?.unbroadcast(shape),
         }
     }
 }
@@ -177,13 +198,60 @@ fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<G>>) -> Result<()> 
     }
     // Add into the parameters' gradients in place, all or nothing: if one gradient
     // array was freed (e.g. with a manager the parameter has left), fail before
-    // changing any of them.
+    // changing any of them. The common case takes one engine lock for all of them.
     let ids = tape.leaf_ids.iter().copied().chain(loss_leaf);
-    let mut updates: SmallVec<[(NDArray, G); 4]> = SmallVec::new();
+    let mut params: SmallVec<[ArrayId; 4]> = SmallVec::new();
+    let mut gs: SmallVec<[G; 4]> = SmallVec::new();
     for (id, g) in ids.zip(leaves.iter_mut()) {
-        let Some(g) = g.take() else { continue };
+        if let Some(g) = g.take() {
+            params.push(id);
+            gs.push(g);
+        }
+    }
+    let values: SmallVec<[Option<(ArrayId, bool)>; 4]> = gs
+        .iter()
+        .map(|g| match &g.base {
+            Base::Arr(a) => Some((a.id, false)),
+            Base::Unreduced(a, _) => Some((a.id, true)),
+            Base::Ones(_) => None,
+        })
+        .collect();
+    let done = engine::add_to_grads(&params, &values, &mut |i, mut t, v| {
+        let scale = gs[i].scale;
+        let reduce = matches!(gs[i].base, Base::Unreduced(..));
+        dispatch_float!(t.dtype, T => {
+            let s = T::from_f64(scale);
+            match &v {
+                None => kernels::assign_unary::<T>(t.strided::<T>(), move |p| p.add(s)),
+                Some(b) if reduce && b.shape() != &t.layout.shape => {
+                    // What `unbroadcast`'s sum op computes, then added as below.
+                    let sums = unbroadcast_sums::<T>(b, &t.layout.shape);
+                    let layout = Layout::contiguous(t.layout.shape.clone());
+                    let b = kernels::Strided { data: &sums, layout: &layout };
+                    if scale == 1.0 {
+                        kernels::assign_binary::<T>(t.strided::<T>(), b, |p, q| p.add(q))
+                    } else {
+                        kernels::assign_binary::<T>(t.strided::<T>(), b, move |p, q| {
+                            p.add(q.mul(s))
+                        })
+                    }
+                }
+                Some(b) if scale == 1.0 => {
+                    kernels::assign_binary::<T>(t.strided::<T>(), b, |p, q| p.add(q))
+                }
+                Some(b) => kernels::assign_binary::<T>(t.strided::<T>(), b, move |p, q| {
+                    p.add(q.mul(s))
+                }),
+            }
+        }, else unreachable!("a gradient is float"));
+    });
+    if done {
+        return Ok(());
+    }
+    let mut updates: SmallVec<[(NDArray, G); 4]> = SmallVec::new();
+    for (id, g) in params.into_iter().zip(gs) {
         if let Ok(Some(pg)) = engine::grad(id) {
-            updates.push((NDArray { id: pg }, g));
+            updates.push((NDArray { id: pg }, g.settle()?));
         }
     }
     for (pg, _) in &updates {
@@ -195,11 +263,38 @@ fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<G>>) -> Result<()> 
     Ok(())
 }
 
+/// The sums of `b` over the axes that broadcasting added or stretched to reach it from
+/// `shape`, row-major: the values of `unbroadcast`'s sum op, computed by the same
+/// kernels in the same order (so bit for bit the same).
+fn unbroadcast_sums<T: Native>(b: &engine::Operand<'_>, shape: &Shape) -> kernels::Accs<T> {
+    let (gd, td) = (b.shape().dims(), shape.dims());
+    let lead = gd.len() - td.len();
+    let mut axes: SmallVec<[usize; 4]> = (0..lead).collect();
+    for (i, &t) in td.iter().enumerate() {
+        if t == 1 && gd[lead + i] != 1 {
+            axes.push(lead + i);
+        }
+    }
+    if kernels::prefers_outer(b.layout, &axes) {
+        kernels::Accs::from_vec(kernels::reduce_outer::<T, T>(
+            b,
+            &axes,
+            T::ZERO,
+            |acc, x| acc.add(x),
+        ))
+    } else {
+        kernels::reduce::<T, T>(b, &axes, T::ZERO, |acc, d, s, n, st| {
+            acc.add(kernels::sum_row(d, s, n, st))
+        })
+    }
+}
+
 /// `pg += g` in place, with `g`'s scale fused into the kernel.
 fn accumulate(pg: NDArray, g: G) -> Result<()> {
     const OP: &str = "backward";
     let scale = g.scale;
     match g.base {
+        Base::Unreduced(..) => unreachable!("settled"),
         Base::Ones(_) => engine::run_inplace(pg.id, &[], |mut t, _| {
             dispatch_float!(t.dtype, T => {
                 let s = T::from_f64(scale);
@@ -240,22 +335,32 @@ fn accumulate(pg: NDArray, g: G) -> Result<()> {
 /// the rules that only scale, reshape or pass `g` on keep it lazy; the others get it
 /// as an array ([`input_grads_arr`]).
 fn input_grads(node: &Node, g: G, env: &Env) -> Result<SmallVec<[Option<G>; 3]>> {
+    let g = g.settle()?;
     let need = |i: usize| node.needs & (1 << i) != 0;
     let x = arr(node.inputs[0]);
-    let mut r: SmallVec<[Option<G>; 3]> = SmallVec::from_elem(None, node.inputs.len());
+    let mut r: SmallVec<[Option<G>; 3]> = nones(node.inputs.len());
     let ones = matches!(g.base, Base::Ones(_));
     match &node.rule {
         Rule::Binary(op @ (BinOp::Add | BinOp::Sub)) => {
+            // `g` has the output's shape: an input of that shape takes it as it is.
+            let out = Shape::broadcast(&node.shapes[0], &node.shapes[1]);
+            let fit = |g: G, i: usize| -> Result<G> {
+                if out.as_ref() == Some(&node.shapes[i]) {
+                    Ok(g)
+                } else {
+                    g.unbroadcast(&node.shapes[i])
+                }
+            };
             if need(1) {
                 let gy = if *op == BinOp::Sub {
                     g.clone().scaled(-1.0)
                 } else {
                     g.clone()
                 };
-                r[1] = Some(gy.unbroadcast(&node.shapes[1])?);
+                r[1] = Some(fit(gy, 1)?);
             }
             if need(0) {
-                r[0] = Some(g.unbroadcast(&node.shapes[0])?);
+                r[0] = Some(fit(g, 0)?);
             }
             return Ok(r);
         }
@@ -304,6 +409,7 @@ fn input_grads(node: &Node, g: G, env: &Env) -> Result<SmallVec<[Option<G>; 3]>>
             let base = match g.base {
                 Base::Ones(_) => by,
                 Base::Arr(b) => b.try_mul(by)?,
+                Base::Unreduced(..) => unreachable!("settled"),
             };
             r[0] = Some(G {
                 base: Base::Arr(base),
@@ -325,6 +431,7 @@ fn input_grads(node: &Node, g: G, env: &Env) -> Result<SmallVec<[Option<G>; 3]>>
             let base = match g.base {
                 Base::Ones(_) => Base::Ones(xs.clone()),
                 Base::Arr(b) => Base::Arr(b.try_reshape(ks)?.try_broadcast_to(xs.clone())?),
+                Base::Unreduced(..) => unreachable!("settled"),
             };
             r[0] = Some(G { base, scale });
             return Ok(r);
@@ -449,6 +556,15 @@ fn unbroadcast_batch(g: NDArray, shape: &Shape, other: &Shape) -> Result<NDArray
     }
 }
 
+/// `n` times `None` (without `from_elem`'s clones).
+fn nones<T>(n: usize) -> SmallVec<[Option<T>; 3]> {
+    let mut r = SmallVec::with_capacity(n);
+    for _ in 0..n {
+        r.push(None);
+    }
+    r
+}
+
 fn arr(id: ArrayId) -> NDArray {
     NDArray { id }
 }
@@ -459,7 +575,7 @@ fn input_grads_arr(node: &Node, g: NDArray) -> Result<Grads> {
     let need = |i: usize| node.needs & (1 << i) != 0;
     let x = arr(node.inputs[0]);
     let out = arr(node.output);
-    let mut r: Grads = SmallVec::from_elem(None, node.inputs.len());
+    let mut r: Grads = nones(node.inputs.len());
     match &node.rule {
         Rule::Binary(op) => {
             let y = arr(node.inputs[1]);
@@ -586,6 +702,16 @@ fn input_grads_arr(node: &Node, g: NDArray) -> Result<Grads> {
                 }
                 if need(1) {
                     r[1] = Some(g.try_mul(x)?);
+                }
+                return Ok(r);
+            }
+            if xs.ndim() == 2 && ys.ndim() == 2 {
+                // The common case: no promotion and no batch dimensions to sum.
+                if need(0) {
+                    r[0] = Some(matmul_t(g, y, [false, true])?);
+                }
+                if need(1) {
+                    r[1] = Some(matmul_t(x, g, [true, false])?);
                 }
                 return Ok(r);
             }

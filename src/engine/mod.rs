@@ -225,6 +225,110 @@ pub(crate) fn zero_my_param_grads() -> Vec<ArrayId> {
     rest
 }
 
+/// The gradient array of a parameter, writable in place under its shard's lock: what
+/// [`add_to_grads`] hands its kernel.
+pub(crate) struct GradMut<'a> {
+    buf: &'a Buffer,
+    pub layout: &'a Layout,
+    pub dtype: DType,
+}
+
+impl GradMut<'_> {
+    /// The gradient's whole buffer and layout, as the kernels take them.
+    pub(crate) fn strided<T: crate::dtype::Native>(&mut self) -> kernels::StridedMut<'_, T> {
+        debug_assert_eq!(std::mem::size_of::<T>(), self.dtype.size_in_bytes());
+        kernels::StridedMut {
+            // SAFETY: built only by `add_to_grads`, under the exclusive lock of the
+            // gradient's shard, for a gradient that owns its buffer (`Own`: no view
+            // and no outside reader of it exists) and that no value read alongside
+            // shares; `&mut self` keeps a second slice from being taken.
+            data: unsafe { self.buf.slice_mut::<T>() },
+            layout: self.layout,
+        }
+    }
+}
+
+/// Backward's last step in one lock round trip: for each `params[i]` that is live and
+/// has a gradient array, call `f(i, gradient, value)` with `value` the operand of
+/// `values[i]`'s array (`None`: no array, e.g. a gradient of ones), for `f` to add it
+/// into the gradient in place. Only the common case is done here: every array in one
+/// shard, every gradient a float array and the sole viewer of its buffer, no value
+/// sharing a gradient's buffer, each value of its gradient's dtype and broadcastable
+/// to its shape or, where `values[i]`'s flag is set (a value to be summed over its
+/// broadcast axes), the gradient's shape broadcastable to the value's. Otherwise
+/// nothing is done and `false` returned, for the caller to take the general path
+/// (which also reports the errors).
+pub(crate) fn add_to_grads(
+    params: &[ArrayId],
+    values: &[Option<(ArrayId, bool)>],
+    f: &mut dyn FnMut(usize, GradMut<'_>, Option<Operand<'_>>),
+) -> bool {
+    let Some(first) = params.first() else {
+        return true;
+    };
+    let s = first.shard;
+    if params
+        .iter()
+        .chain(values.iter().flatten().map(|(v, _)| v))
+        .any(|i| i.shard != s)
+    {
+        return false;
+    }
+    let ctx = Ctx::one(s);
+    let sh = ctx.shr(s);
+    // Check everything before writing anything.
+    let mut grads: smallvec::SmallVec<[Option<&records::ArrayRec>; 4]> = smallvec::SmallVec::new();
+    for (i, &p) in params.iter().enumerate() {
+        let Some(g) = sh.arrays.get(p).and_then(|r| r.grad) else {
+            grads.push(None); // a closed parameter, or one without a gradient now
+            continue;
+        };
+        if g.shard != s {
+            return false;
+        }
+        let Some(gr) = sh.arrays.get(g) else {
+            return false; // closed by hand: the general path reports it
+        };
+        if !matches!(gr.store, records::Store::Own(_)) || !gr.dtype.is_float() {
+            return false;
+        }
+        if let Some((v, reduce)) = values[i] {
+            let Some(vr) = sh.arrays.get(v) else {
+                return false;
+            };
+            let (gs, vs) = (&gr.layout.shape, &vr.layout.shape);
+            let to = if reduce { vs } else { gs };
+            if vr.dtype != gr.dtype || Shape::broadcast(gs, vs).as_ref() != Some(to) {
+                return false;
+            }
+        }
+        grads.push(Some(gr));
+    }
+    // No value may read a buffer that one of the gradients is (an `Own` buffer has
+    // one viewer, but a value may be that gradient array itself).
+    for (v, _) in values.iter().flatten() {
+        let vaddr = sh.arrays.get(*v).map(|r| sh.data_of(r).addr());
+        if grads
+            .iter()
+            .flatten()
+            .any(|g| Some(sh.data_of(g).addr()) == vaddr)
+        {
+            return false;
+        }
+    }
+    for (i, g) in grads.iter().enumerate() {
+        let Some(gr) = g else { continue };
+        let value = values[i].and_then(|(v, _)| ctx.operand(v).ok());
+        let target = GradMut {
+            buf: sh.data_of(gr),
+            layout: &gr.layout,
+            dtype: gr.dtype,
+        };
+        f(i, target, value);
+    }
+    true
+}
+
 /// What recording an op needs from the engine, read under one lock round trip.
 pub(crate) struct TapeInfo {
     /// Bit `i`: input `i` is a parameter (has a gradient array).
@@ -301,6 +405,16 @@ pub(crate) fn unhold_all(ids: &[ArrayId]) {
     {
         let mut ctx = Ctx::one(me);
         for &id in ids {
+            // The common case: the array stays alive (its scope is open, or another
+            // hold or a retain keeps it), so dropping the hold is a decrement.
+            if id.shard == me
+                && let Ctx::One(_, sh) = &mut ctx
+                && let Some(r) = sh.arrays.get_mut(id)
+                && (r.holds > 1 || r.retains > 0 || !r.scopes.is_empty())
+            {
+                r.holds = r.holds.saturating_sub(1);
+                continue;
+            }
             let local = id.shard == me && matches!(&ctx, Ctx::One(_, sh) if sh.free_is_local(id));
             if local {
                 ctx.unhold(id);

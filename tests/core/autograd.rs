@@ -327,3 +327,42 @@ fn inplace_write_of_a_tracked_value_is_an_error() -> Result<(), NdError> {
     m.close();
     Ok(())
 }
+
+/// A parameter broadcast in a sum gets its gradient summed over the broadcast axes
+/// (backward sums it in the kernel that adds it in when it is the parameter's only
+/// contribution): exact values, added to what an accumulating collector found, and
+/// the same when the parameter is used twice or read in a view of its gradient.
+#[test]
+fn broadcast_parameter_gradient_is_summed_exactly() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let x = m.create(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], [4, 2]);
+    let c = m.create(&[1.0f32, -2.0, 3.0, 0.5, -1.0, 4.0, 2.0, 8.0], [4, 2]);
+    let b = m.create(&[0.5f32, -0.5], [2]).set_requires_gradient(true);
+    let b2 = m.create(&[0.25f32], [1, 1]).set_requires_gradient(true);
+    // d/db sum((x + b) * c) = sum of c over rows; d/db2 = sum of c.
+    let step = |twice: bool| -> Result<(), NdError> {
+        let _s = NDScope::new();
+        let gc = GradientCollector::accumulating();
+        let y = if twice { x + b + b } else { x + b };
+        gc.backward(((y + b2) * c).sum())
+    };
+    {
+        let gc = GradientCollector::new();
+        gc.backward(((x + b + b2) * c).sum())?;
+    }
+    assert_eq!(f32s(b.gradient()), vec![5.0, 10.5]);
+    assert_eq!(f32s(b2.gradient()), vec![15.5]);
+    step(false)?;
+    assert_eq!(f32s(b.gradient()), vec![10.0, 21.0]);
+    assert_eq!(f32s(b2.gradient()), vec![31.0]);
+    step(true)?;
+    assert_eq!(f32s(b.gradient()), vec![20.0, 42.0]);
+    assert_eq!(f32s(b2.gradient()), vec![46.5]);
+    // A view of the gradient makes it share its buffer: the general path, same values.
+    let view = b.gradient().reshape([1, 2]);
+    step(false)?;
+    assert_eq!(f32s(view), vec![25.0, 52.5]);
+    m.close();
+    Ok(())
+}
