@@ -151,30 +151,10 @@ impl<K, L> Slab<K, L> {
         s
     }
 
+    /// Insert an entry; its id names it until it is removed.
     #[inline]
     pub(crate) fn insert(&mut self, value: L) -> Id<K> {
-        self.live += 1;
-        let serial = self.serial();
-        let index = match self.free.pop() {
-            Some(index) => {
-                let slot = &mut self.slots[index as usize];
-                debug_assert!(slot.value.is_none());
-                *slot = Slot {
-                    serial,
-                    value: Some(value),
-                };
-                index
-            }
-            None => {
-                let index = u32::try_from(self.slots.len()).expect("more than 2^32 live ids");
-                self.slots.push(Slot {
-                    serial,
-                    value: Some(value),
-                });
-                index
-            }
-        };
-        Id::new(self.shard, index, serial)
+        self.insert_with(move || value)
     }
 
     /// Insert the value `make` builds, built straight in its slot: a large record
@@ -288,28 +268,19 @@ impl<K, D> Graveyard<K, D> {
     /// Record what `id` was; forgets the oldest record beyond capacity.
     #[inline]
     pub(crate) fn bury(&mut self, id: Id<K>, tombstone: D) {
-        if self.ring.len() < self.capacity {
-            self.ring.push((id, tombstone));
-        } else {
-            self.ring[self.next] = (id, tombstone);
-        }
-        // A compare, not `%`: a division costs more than the rest of a bury.
-        self.next += 1;
-        if self.next == self.capacity {
-            self.next = 0;
-        }
+        self.bury_with(id, move || tombstone);
     }
 
     /// [`Graveyard::bury`] with the record built by `make` straight in its ring slot
     /// (no copy of a tombstone just built on the stack).
     #[inline(always)]
-    #[cfg_attr(feature = "untracked", allow(dead_code))]
     pub(crate) fn bury_with(&mut self, id: Id<K>, make: impl FnOnce() -> D) {
         if self.ring.len() < self.capacity {
             self.ring.push((id, make()));
         } else {
             self.ring[self.next] = (id, make());
         }
+        // A compare, not `%`: a division costs more than the rest of a bury.
         self.next += 1;
         if self.next == self.capacity {
             self.next = 0;
