@@ -113,9 +113,12 @@ impl Ctx {
         Ok(())
     }
 
-    /// Remove `id` from every scope.
+    /// Remove `id` from every scope: it lives with its manager from now on, so a
+    /// tape-held array whose scope already closed is no longer freed when the tape
+    /// lets go of it.
     pub(crate) fn unregister_all(&mut self, id: ArrayId) -> Result<()> {
         self.array(id)?;
+        self.array_mut(id).clear_orphaned();
         while let Some((sid, pos)) = self.array_mut(id).scopes.pop() {
             self.scope_unlink_at(sid, pos as usize);
         }

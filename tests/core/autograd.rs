@@ -155,6 +155,49 @@ fn scope_closed_between_forward_and_backward() -> Result<(), NdError> {
     Ok(())
 }
 
+/// Rules 4 and 6 (docs/ownership.md): `keep()` of an intermediate that its scope's
+/// close left alive only for the tape makes it an array of its manager: the tape
+/// letting go no longer frees it.
+#[test]
+fn keep_of_a_tape_held_array_after_its_scope_closed_keeps_it() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let w = m.create(&[0.5f32, -1.0], [2]).set_requires_gradient(true);
+    let x = m.create(&[2.0f32, 3.0], [2]);
+    let baseline = counts(&m);
+    let (h, dropped) = {
+        let gc = GradientCollector::new();
+        let (h, dropped, loss) = {
+            let _s = NDScope::new();
+            let h = (x * w).exp(); // exp's output is held by the tape
+            let dropped = (x * w).exp(); // held too, but not kept
+            let l = (h + dropped).sum();
+            l.retain();
+            (h, dropped, l)
+        };
+        // The scope closed; the tape holds both. The user keeps one.
+        let h = h.keep();
+        gc.backward(loss)?;
+        assert!(loss.release());
+        (h, dropped)
+    };
+    assert!(
+        dropped.is_closed(),
+        "an orphan not kept is freed with the tape"
+    );
+    assert!(!h.is_closed(), "keep() outlasts the tape");
+    assert_eq!(h.ref_count(), 0);
+    assert_eq!(m.memory().live_arrays, baseline.0 + 1);
+    let expect = [(1.0f32).exp(), (-3.0f32).exp()];
+    for (a, b) in f32s(h).iter().zip(expect) {
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    }
+    h.close();
+    assert_eq!(counts(&m), baseline);
+    m.close();
+    Ok(())
+}
+
 /// Rule 6 (docs/ownership.md): dropping the collector lets go of what the tape held.
 #[test]
 fn collector_dropped_without_backward() {
