@@ -43,8 +43,8 @@ pub(crate) fn drop_grad(id: ArrayId, at: SourceLocation) -> Result<()> {
     Ok(())
 }
 
-/// Zero the gradients of the live parameters whose records live in this thread's shard
-/// (what a collector on this thread zeroes), pruning dead parameters. A gradient that
+/// Zero the gradients of the live parameters created on this thread (what a collector
+/// on this thread zeroes; see [`is_mine`]), pruning dead parameters. A gradient that
 /// owns its buffer is zeroed here, under the lock this already holds; the others (a
 /// view of the gradient was taken, or it lives in another shard) are returned for the
 /// caller to zero with an in-place op, which waits for their outside readers.
@@ -56,7 +56,9 @@ pub(crate) fn zero_my_param_grads() -> Vec<ArrayId> {
     let mut grads = smallvec::SmallVec::<[ArrayId; 16]>::new();
     params.retain(|&p| match sh.arrays.get(p).and_then(|r| r.grad) {
         Some(g) => {
-            grads.push(g);
+            if is_mine(p) {
+                grads.push(g);
+            }
             true
         }
         None => false,
@@ -235,10 +237,12 @@ pub(crate) fn loss_info(id: ArrayId) -> Result<(Shape, DType, MgrId, bool)> {
     Ok((r.layout.shape.clone(), r.dtype, r.manager, r.grad.is_some()))
 }
 
-/// Whether `id`'s record lives in this thread's shard (it was created on this thread,
-/// or on an exited thread whose shard this one adopted).
+/// Whether `id` was created on this thread (a parameter its collectors zero when
+/// they start). The parameters an exited thread left in the shard this thread adopted
+/// are not: each collector zeroes them when its tape first records them, as it does
+/// another thread's.
 pub(crate) fn is_mine(id: ArrayId) -> bool {
-    id.shard == my_shard()
+    super::shard::created_here(id)
 }
 
 /// Tape holds on each of `ids`: each keeps its array alive past the close of its
@@ -286,4 +290,62 @@ pub(crate) fn unhold_all(ids: &[ArrayId]) {
 /// Drop a tape hold (see [`Ctx::unhold`]).
 pub(crate) fn unhold(id: ArrayId) {
     lock_for_free(id).unhold(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{GradientCollector, NDManager};
+
+    /// Issue 10, point 5 (collectors on two threads never interfere) when a thread
+    /// adopts the shard of one that exited: thread A makes a parameter and exits, this
+    /// thread trains it, and thread C, which adopted A's shard, starts a collector
+    /// between this thread's backward and its read of the gradient. C's collector must
+    /// leave that gradient alone (it zeroed it when "mine" meant "lives in my shard"),
+    /// and must still zero the parameters C itself made.
+    #[test]
+    fn a_collector_on_an_adopted_shard_zeroes_only_its_threads_parameters() {
+        let m = NDManager::new();
+        let mut adopted = 0;
+        for _ in 0..20 {
+            let ma = m.clone();
+            let w = std::thread::spawn(move || {
+                ma.create(&[1.0f32, 2.0], [2]).set_requires_gradient(true)
+            })
+            .join()
+            .unwrap();
+            {
+                let gc = GradientCollector::new();
+                gc.backward((w * 3.0).sum()).unwrap();
+            }
+            assert_eq!(w.gradient().to_vec::<f32>().unwrap(), [3.0, 3.0]);
+            let mc = m.clone();
+            let (here, own_grad) = std::thread::spawn(move || {
+                let p = mc.create(&[5.0f32], [1]).set_requires_gradient(true);
+                {
+                    let gc = GradientCollector::new();
+                    gc.backward((p * 2.0).sum()).unwrap();
+                }
+                assert_eq!(p.gradient().to_vec::<f32>().unwrap(), [2.0]);
+                let _gc = GradientCollector::new(); // zeroes `p`'s gradient, not `w`'s
+                (
+                    p.id.shard == w.id.shard,
+                    p.gradient().to_vec::<f32>().unwrap(),
+                )
+            })
+            .join()
+            .unwrap();
+            assert_eq!(
+                own_grad,
+                [0.0],
+                "a collector zeroes its thread's parameters"
+            );
+            // Another test's thread may have exited in between and been adopted instead.
+            if here {
+                adopted += 1;
+                assert_eq!(w.gradient().to_vec::<f32>().unwrap(), [3.0, 3.0]);
+            }
+        }
+        assert!(adopted > 0, "no thread adopted the exited thread's shard");
+        m.close();
+    }
 }

@@ -104,6 +104,9 @@ thread_local! {
     static RETURN_SHARD: ShardReturn = const { ShardReturn };
     /// The innermost open scope of this thread.
     pub(crate) static CURRENT_SCOPE: Cell<Option<ScopeId>> = const { Cell::new(None) };
+    /// The lowest serial of the arrays this thread created in its shard: an adopted
+    /// shard still holds arrays of the thread that exited, which are not this one's.
+    static MINE_FROM: Cell<u64> = const { Cell::new(0) };
 }
 
 struct ShardReturn;
@@ -112,6 +115,9 @@ impl Drop for ShardReturn {
     fn drop(&mut self) {
         let s = MY_SHARD.with(|c| c.replace(EXITED));
         if s < EXITED {
+            // The thread that adopts the shard numbers its arrays above every serial
+            // issued before it adopts (see `mine_from`): none from this block.
+            shard(s).write().arrays.end_serial_block();
             FREE_SHARDS.lock().push(s);
         }
     }
@@ -143,7 +149,12 @@ pub(crate) fn my_shard() -> u32 {
 fn assign_shard() -> u32 {
     let mut free = FREE_SHARDS.lock();
     let index = match free.pop() {
-        Some(i) => i,
+        Some(i) => {
+            // Adopted: its records of the exited thread's arrays have lower serials
+            // (that thread ended its block of serials before handing the shard back).
+            MINE_FROM.with(|c| c.set(ARRAY_SERIALS.issued()));
+            i
+        }
         None => {
             let i = SHARD_COUNT.load(Ordering::Acquire);
             assert!(
@@ -161,6 +172,13 @@ fn assign_shard() -> u32 {
     // Registers the destructor that hands the shard back at thread exit.
     RETURN_SHARD.with(|_| {});
     index
+}
+
+/// Whether this thread created array `id`: it lives in this thread's shard and is
+/// not one of the arrays a previous, exited owner of the shard left there.
+#[inline]
+pub(crate) fn created_here(id: ArrayId) -> bool {
+    id.shard == my_shard() && id.uid() >= MINE_FROM.with(Cell::get)
 }
 
 /// Number of shards created so far.

@@ -107,6 +107,12 @@ impl Serials {
     pub(crate) const fn new() -> Self {
         Serials(AtomicU64::new(1))
     }
+
+    /// A bound above every serial handed out so far (in blocks, to any slab): a slab
+    /// that starts a new block after reading it numbers its next entries from here up.
+    pub(crate) fn issued(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 struct Slot<L> {
@@ -138,6 +144,12 @@ impl<K, L> Slab<K, L> {
             end_serial: 0,
             _kind: PhantomData,
         }
+    }
+
+    /// Give up the rest of the current block of serials: the next entry starts a new
+    /// one (above [`Serials::issued`] read from now on).
+    pub(crate) fn end_serial_block(&mut self) {
+        self.next_serial = self.end_serial;
     }
 
     #[inline]
