@@ -5,9 +5,9 @@
 
 #[cfg(not(feature = "untracked"))]
 use super::records::Tomb;
-use super::records::{ArrayRec, BufMeta, Cause, ColdRec, Store};
+use super::records::{ArrayRec, BufMeta, Cause, ColdRec, ScopeRec, Store};
 use super::shard::{CURRENT_SCOPE, Ctx, Shard, Shards, add};
-use super::slab::{ArrayId, BufId, MgrId};
+use super::slab::{ArrayId, BufId, BufferK, MgrId, ScopeId, ScopeK, Slab};
 use super::{Buffer, Layout};
 use crate::DType;
 use crate::diag::config;
@@ -40,6 +40,16 @@ fn capture_backtrace() -> Option<Arc<str>> {
     ))
 }
 
+/// What [`Shard::drop_registration_here`] did.
+pub(crate) enum RegDrop {
+    /// The array lives on (or was already dead).
+    Kept,
+    /// The registration is gone and nothing holds the array: free it now.
+    Free,
+    /// Freeing it would touch another shard: nothing was done.
+    Elsewhere,
+}
+
 impl Shard {
     /// Remove the entry at `pos` of manager `mid`'s array list here, fixing the
     /// position of the entry moved into its place.
@@ -58,21 +68,74 @@ impl Shard {
     /// before [`Ctx::free_shards`].
     #[inline]
     pub(crate) fn free_is_local(&self, id: ArrayId) -> bool {
-        let s = id.shard;
         let Some(r) = self.arrays.get(id) else {
             return true; // nothing to free
         };
-        r.scopes.iter().all(|(sc, _)| {
-            sc.shard == s && self.scopes.get(*sc).is_none_or(|x| x.foreign.is_empty())
-        }) && r.grad.is_none_or(|g| g.shard == s && self.free_is_local(g))
+        Self::rec_free_is_local(id.shard, r, &self.scopes, &self.buffers)
+            && r.grad
+                .is_none_or(|g| g.shard == id.shard && self.free_is_local(g))
+    }
+
+    /// [`Shard::free_is_local`] for record `r` of this shard `s`, but for its gradient
+    /// (takes the two slabs it reads, so a caller may hold `r` mutably).
+    #[inline]
+    fn rec_free_is_local(
+        s: u32,
+        r: &ArrayRec,
+        scopes: &Slab<ScopeK, ScopeRec>,
+        buffers: &Slab<BufferK, BufMeta>,
+    ) -> bool {
+        r.scopes
+            .iter()
+            .all(|(sc, _)| sc.shard == s && scopes.get(*sc).is_none_or(|x| x.foreign.is_empty()))
             && match r.store {
                 Store::Own(_) => true,
-                Store::Shared(b) => self.buffers.get(b).is_none_or(|m| {
+                Store::Shared(b) => buffers.get(b).is_none_or(|m| {
                     // Data only this shard views, or not the last holder of its
                     // record: nothing outside this shard changes.
                     (m.home.is_none() && m.proxies.is_empty()) || m.holders.len() > 1
                 }),
             }
+    }
+
+    /// What a closing scope `c` does to its array `id` of this shard, in one lookup:
+    /// drop the registration, mark a tape-held orphan, and say whether the array is
+    /// now to be freed. A free that might touch another shard, or that also frees a
+    /// gradient, is left to the caller untouched ([`RegDrop::Elsewhere`]), for
+    /// [`Ctx::drop_registration`] under the locks it needs.
+    #[inline]
+    pub(crate) fn drop_registration_here(
+        &mut self,
+        id: ArrayId,
+        c: ScopeId,
+        cause: Cause,
+    ) -> RegDrop {
+        let Shard {
+            arrays,
+            scopes,
+            buffers,
+            ..
+        } = self;
+        let Some(r) = arrays.get_mut(id) else {
+            return RegDrop::Kept;
+        };
+        let at = r.scopes.iter().position(|&(x, _)| x == c);
+        let others = r.scopes.len() - usize::from(at.is_some());
+        let frees = others == 0 && r.retains == 0 && r.holds == 0;
+        if frees && (r.grad.is_some() || !Self::rec_free_is_local(id.shard, r, scopes, buffers)) {
+            return RegDrop::Elsewhere;
+        }
+        if let Some(i) = at {
+            r.scopes.swap_remove(i);
+        }
+        if frees {
+            return RegDrop::Free;
+        }
+        if others == 0 && r.retains == 0 {
+            // Kept for a gradient tape (`holds > 0`); see `Ctx::drop_registration`.
+            r.cold_mut().orphaned = Some(cause);
+        }
+        RegDrop::Kept
     }
 
     /// An `Arc` around `buf`, reusing a spare shell when one is kept.

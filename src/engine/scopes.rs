@@ -6,6 +6,7 @@
 //! each an ordinary scope of that shard (so a thread's chain of open scopes never
 //! leaves its shard), tagged with a [`TaskTag`] that records how the task ended.
 
+use super::arrays::RegDrop;
 use super::records::{Cause, Resource, ScopeRec};
 use super::shard::{CURRENT_SCOPE, Ctx, Shards, add};
 use super::slab::{ArrayId, ScopeId};
@@ -313,16 +314,25 @@ impl Ctx {
             };
             let cause = scope.cause();
             for id in scope.arrays.drain(..) {
-                let here = self.holds(id.shard)
-                    && (self.shr(id.shard).free_is_local(id) || {
+                if !self.holds(id.shard) {
+                    later.push((id, c, cause));
+                    continue;
+                }
+                // The common case in one lookup: the array's shard is all it touches.
+                match self.sh(id.shard).drop_registration_here(id, c, cause) {
+                    RegDrop::Kept => {}
+                    RegDrop::Free => {
+                        self.free_array(id, at, cause);
+                    }
+                    RegDrop::Elsewhere => {
                         let mut need = Shards::new();
                         self.free_shards(id, &mut need);
-                        need.iter().all(|&s| self.holds(s))
-                    });
-                if here {
-                    self.drop_registration(id, c, cause, at);
-                } else {
-                    later.push((id, c, cause));
+                        if need.iter().all(|&s| self.holds(s)) {
+                            self.drop_registration(id, c, cause, at);
+                        } else {
+                            later.push((id, c, cause));
+                        }
+                    }
                 }
             }
             resources.extend(scope.resources.into_iter().rev());
