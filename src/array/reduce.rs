@@ -423,12 +423,12 @@ impl NDArray {
 /// or, when the reduced axes are outer to a kept contiguous one
 /// ([`kernels::prefers_outer`], e.g. `sum_axes(&[0])` of a row-major matrix), `elem`
 /// folds single elements while the input streams by in memory order.
-fn fold<T: Native, A: Copy>(
+fn fold<T: Native, A: Copy + Send + Sync>(
     a: &Operand<'_>,
     axes: &[usize],
     init: A,
-    row: impl Fn(A, &[T], isize, usize, isize) -> A,
-    elem: impl Fn(A, T) -> A,
+    row: impl Fn(A, &[T], isize, usize, isize) -> A + Sync,
+    elem: impl Fn(A, T) -> A + Sync,
 ) -> kernels::Accs<A> {
     if kernels::prefers_outer(a.layout, axes) {
         kernels::Accs::from_vec(kernels::reduce_outer::<T, A>(a, axes, init, elem))
@@ -451,9 +451,9 @@ mod tests {
         let a = m.create(&data, [2, 3, 4]);
         let rows = engine::read(a.id, |o| {
             let mut rows = Vec::new();
-            let rows_ref = std::cell::RefCell::new(&mut rows);
+            let rows_ref = std::sync::Mutex::new(&mut rows);
             let s = kernels::reduce::<f32, f32>(o, &[0, 1, 2], 0.0, |acc, d, s, n, st| {
-                rows_ref.borrow_mut().push((s, n, st));
+                rows_ref.lock().unwrap().push((s, n, st));
                 acc + kernels::sum_row(d, s, n, st)
             });
             assert_eq!(s.as_slice(), &[276.0]);

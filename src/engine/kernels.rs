@@ -285,11 +285,14 @@ pub(crate) type Accs<A> = smallvec::SmallVec<[A; 4]>;
 /// Reduce over `axes` (sorted, unique, in range). Returns one accumulator per output
 /// element (row-major over the kept axes). `row(acc, data, start, len, stride)` folds one
 /// strided row; rows of one output element arrive in row-major order.
-pub(crate) fn reduce<'a, T: Native, A: Copy>(
+///
+/// A large input with several outputs is split across threads by output (each output's
+/// rows still arrive in order, so results do not depend on the thread count).
+pub(crate) fn reduce<'a, T: Native, A: Copy + Send + Sync>(
     x: impl Into<Strided<'a, T>>,
     axes: &[usize],
     init: A,
-    row: impl Fn(A, &[T], isize, usize, isize) -> A,
+    row: impl Fn(A, &[T], isize, usize, isize) -> A + Sync,
 ) -> Accs<A> {
     let Strided { data, layout: l } = x.into();
     let nd = l.shape.ndim();
@@ -309,16 +312,36 @@ pub(crate) fn reduce<'a, T: Native, A: Copy>(
     if n_out == 0 {
         return out;
     }
+    let lane = |base: isize| {
+        let mut acc = init;
+        for_each_row(&red_dims, [&red_strides], [base as usize], |off, len, s| {
+            acc = row(acc, data, off[0], len, s[0]);
+        });
+        acc
+    };
+    if n_out > 1 && l.size() >= PARALLEL_ELEMS {
+        // Whole lanes per task, about PARALLEL_ELEMS / 4 elements each; a task finds its
+        // lanes' bases from their indices.
+        let per_lane = (l.size() / n_out).max(1);
+        let v: Vec<A> = (0..n_out)
+            .into_par_iter()
+            .with_min_len((PARALLEL_ELEMS / 4).div_ceil(per_lane))
+            .map(|j| {
+                let (mut rest, mut base) = (j, l.offset as isize);
+                for (&d, &st) in kept_dims.iter().zip(&kept_strides).rev() {
+                    base += (rest % d) as isize * st;
+                    rest /= d;
+                }
+                lane(base)
+            })
+            .collect();
+        return Accs::from_vec(v);
+    }
     // Iterate the kept axes as "rows of length 1" so each call is one output element
     // (no list of bases: a full reduction allocates nothing).
     for_each_row(&kept_dims, [&kept_strides], [l.offset], |off, len, s| {
         for i in 0..len as isize {
-            let base = off[0] + i * s[0];
-            let mut acc = init;
-            for_each_row(&red_dims, [&red_strides], [base as usize], |off, len, s| {
-                acc = row(acc, data, off[0], len, s[0]);
-            });
-            out.push(acc);
+            out.push(lane(off[0] + i * s[0]));
         }
     });
     out
@@ -341,11 +364,16 @@ pub(crate) fn prefers_outer(l: &Layout, axes: &[usize]) -> bool {
 /// order: one accumulator per output element (row-major over the kept axes, as
 /// [`reduce`] returns them), `elem(acc, x)` folds one element. Each output receives its
 /// elements in the order of its reduced indices, so sums add row by row as numpy does.
-pub(crate) fn reduce_outer<'a, T: Native, A: Copy>(
+///
+/// A large input is split across threads by output: each thread owns a contiguous
+/// range of the accumulators and streams only its part of each row, so every output
+/// still receives its elements in order (the result does not depend on the thread
+/// count) and the threads never write the same cache line twice over.
+pub(crate) fn reduce_outer<'a, T: Native, A: Copy + Send>(
     x: impl Into<Strided<'a, T>>,
     axes: &[usize],
     init: A,
-    elem: impl Fn(A, T) -> A,
+    elem: impl Fn(A, T) -> A + Sync,
 ) -> Vec<A> {
     let Strided { data, layout: l } = x.into();
     let nd = l.shape.ndim();
@@ -367,25 +395,46 @@ pub(crate) fn reduce_outer<'a, T: Native, A: Copy>(
     if l.size() == 0 {
         return acc;
     }
-    for_each_row(
-        &dims,
-        [&out_strides, &in_strides],
-        [0, l.offset],
-        |off, len, s| {
-            let (o0, i0) = (off[0] as usize, off[1]);
-            if s[0] == 1 && s[1] == 1 {
-                let src = &data[i0 as usize..i0 as usize + len];
-                for (a, &v) in acc[o0..o0 + len].iter_mut().zip(src) {
-                    *a = elem(*a, v);
+    // Fold the part of the input that lands in accumulators `lo..lo + part.len()`.
+    let fill = |lo: usize, part: &mut [A]| {
+        let hi = lo + part.len();
+        for_each_row(
+            &dims,
+            [&out_strides, &in_strides],
+            [0, l.offset],
+            |off, len, s| {
+                let (o0, i0) = (off[0] as usize, off[1]);
+                if s[0] == 1 && s[1] == 1 {
+                    // A run of consecutive outputs: clip it to this part.
+                    let (a, b) = (o0.max(lo), (o0 + len).min(hi));
+                    if a >= b {
+                        return;
+                    }
+                    let src = &data[(i0 as usize + a - o0)..(i0 as usize + b - o0)];
+                    for (x, &v) in part[a - lo..b - lo].iter_mut().zip(src) {
+                        *x = elem(*x, v);
+                    }
+                } else {
+                    for i in 0..len as isize {
+                        let o = (off[0] + i * s[0]) as usize;
+                        if (lo..hi).contains(&o) {
+                            part[o - lo] = elem(part[o - lo], data[(i0 + i * s[1]) as usize]);
+                        }
+                    }
                 }
-            } else {
-                for i in 0..len as isize {
-                    let o = (off[0] + i * s[0]) as usize;
-                    acc[o] = elem(acc[o], data[(i0 + i * s[1]) as usize]);
-                }
-            }
-        },
-    );
+            },
+        );
+    };
+    // Parts of at least 1,024 accumulators (whole cache lines, long runs per row).
+    let threads = rayon::current_num_threads();
+    if threads > 1 && l.size() >= PARALLEL_ELEMS && n_out >= 2 * 1024 {
+        let part = n_out.div_ceil(threads).next_multiple_of(1024);
+        acc.par_chunks_mut(part)
+            .enumerate()
+            .for_each(|(k, p)| fill(k * part, p));
+    } else {
+        fill(0, &mut acc);
+    }
     acc
 }
 
@@ -744,6 +793,80 @@ mod tests {
         assert!(prefers_outer(&rows, &[0]));
         assert!(!prefers_outer(&rows, &[2]));
         assert!(!prefers_outer(&layouts[1], &[0]));
+    }
+
+    /// Reductions big enough to split across threads (by output) give exactly what a
+    /// plain loop over every element gives, for every set of axes, on contiguous,
+    /// reversed and transposed layouts; and the same bits on one thread as on several.
+    #[test]
+    fn reductions_split_across_threads_match_a_plain_loop() {
+        let dims = [64usize, 72, 80];
+        let n: usize = dims.iter().product();
+        assert!(n >= PARALLEL_ELEMS);
+        // Integer values: sums are exact whatever the order.
+        let ints: Vec<f64> = (0..n).map(|v| (v * 7 % 11) as f64).collect();
+        let layouts = [
+            layout(&[64, 72, 80], &[72 * 80, 80, 1], 0),
+            layout(&[80, 72, 64], &[1, 80, 72 * 80], 0),
+            layout(&[64, 72, 80], &[72 * 80, 80, -1], 79),
+        ];
+        for l in &layouts {
+            for axes in [&[0usize][..], &[1], &[2], &[0, 1], &[0, 2], &[1, 2]] {
+                // The reference: every element added to its output by index.
+                let kept: Vec<usize> = (0..3).filter(|d| !axes.contains(d)).collect();
+                let d = l.shape.dims();
+                let mut want = vec![0.0; kept.iter().map(|&k| d[k]).product()];
+                for i in 0..d[0] {
+                    for j in 0..d[1] {
+                        for k in 0..d[2] {
+                            let idx = [i, j, k];
+                            let o = kept.iter().fold(0, |o, &q| o * d[q] + idx[q]);
+                            let at = l.offset as isize
+                                + (0..3)
+                                    .map(|q| idx[q] as isize * l.strides[q])
+                                    .sum::<isize>();
+                            want[o] += ints[at as usize];
+                        }
+                    }
+                }
+                let x = Strided {
+                    data: &ints,
+                    layout: l,
+                };
+                let lanes =
+                    reduce::<f64, f64>(x, axes, 0.0, |acc, d, s, n, st| acc + sum_row(d, s, n, st));
+                assert_eq!(
+                    lanes.to_vec(),
+                    want,
+                    "lanes, axes {axes:?} strides {:?}",
+                    l.strides
+                );
+                let outer = reduce_outer::<f64, f64>(x, axes, 0.0, |acc, v| acc + v);
+                assert_eq!(outer, want, "outer, axes {axes:?} strides {:?}", l.strides);
+            }
+        }
+        // Fractions: the split keeps each output's order, so the bits do not depend on
+        // the number of threads.
+        let fracs: Vec<f32> = (0..n)
+            .map(|v| ((v * 37 % 101) as f32).sqrt() / 7.0)
+            .collect();
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let x = Strided {
+                    data: &fracs,
+                    layout: &layouts[0],
+                };
+                let outer = reduce_outer::<f32, f32>(x, &[0], 0.0, |acc, v| acc + v);
+                let lanes =
+                    reduce::<f32, f32>(x, &[2], 0.0, |acc, d, s, n, st| acc + sum_row(d, s, n, st));
+                (outer, lanes.to_vec())
+            })
+        };
+        assert_eq!(run(1), run(3));
     }
 
     /// Products below and above [`TINY_MATMUL_FLOPS`] (the plain loop and gemm) agree
