@@ -213,7 +213,7 @@ pub(crate) fn im2col<T: Native>(
         }
     };
     let col = &mut col[..rows * ncols];
-    if rows * ncols >= PARALLEL_WORK {
+    if rows * ncols >= PARALLEL_WORK && kernels::may_fork() {
         col.par_chunks_mut(ncols)
             .enumerate()
             .for_each(|(r, d)| fill_row(r, d));
@@ -271,7 +271,7 @@ pub(crate) fn col2im<T: Native>(
     for b in 0..nb {
         let start = ((n0 + b) * g.c + c0) * plane;
         let planes = &mut dx[start..start + cg * plane];
-        if cg * plane * g.kh * g.kw >= PARALLEL_WORK {
+        if cg * plane * g.kh * g.kw >= PARALLEL_WORK && kernels::may_fork() {
             planes
                 .par_chunks_mut(plane)
                 .enumerate()
@@ -740,7 +740,7 @@ pub(crate) fn max_pool_kernel<T: Native>(
     if lsz == 0 {
         return;
     }
-    if out.len() * g.kh * g.kw >= PARALLEL_WORK {
+    if out.len() * g.kh * g.kw >= PARALLEL_WORK && kernels::may_fork() {
         out.par_chunks_mut(lsz)
             .zip(arg.par_chunks_mut(lsz))
             .enumerate()
@@ -779,7 +779,7 @@ pub(crate) fn avg_pool_kernel<T: Native>(x: &[T], l: &Layout, g: &Geom, out: &mu
     if lsz == 0 {
         return;
     }
-    if out.len() * g.kh * g.kw >= PARALLEL_WORK {
+    if out.len() * g.kh * g.kw >= PARALLEL_WORK && kernels::may_fork() {
         out.par_chunks_mut(lsz)
             .enumerate()
             .for_each(|(p, o)| plane(p, o));

@@ -207,6 +207,7 @@ fn matmul_impl(
                 }
                 let per = mn.saturating_mul(k);
                 if offsets.len() > 1
+                    && kernels::may_fork()
                     && per < PARALLEL_FLOPS
                     && per.saturating_mul(offsets.len()) >= PARALLEL_FLOPS
                 {

@@ -78,7 +78,7 @@ fn softmax_kernel<T: Float>(a: &Operand<'_>, axis: usize, log: bool) -> Result<B
             // Contiguous rows: independent, so large inputs run on several threads.
             let src = &src[l.offset..l.offset + n];
             let row = |(o, s): (&mut [T], &[T])| softmax_lane(s, 0, 1, o, 0, 1, len, log);
-            if n >= PARALLEL_ELEMS {
+            if n >= PARALLEL_ELEMS && kernels::may_fork() {
                 out.par_chunks_mut(len)
                     .zip(src.par_chunks(len))
                     .for_each(row);

@@ -16,6 +16,7 @@
 //!   target, and write.
 
 use super::arrays::Data;
+use super::kernels::NoFork;
 use super::records::{ArrayRec, Store};
 use super::shard::{Ctx, Shards, add, lock_needed, my_shard};
 use super::slab::{ArrayId, MgrId};
@@ -237,7 +238,10 @@ fn run_op_inner(
     }
     // Resolved above, so `ops[0]` exists; its manager owns the result.
     let mgr = ops[0].manager;
-    let out = f(&ops)?;
+    let out = {
+        let _locked = NoFork::new();
+        f(&ops)?
+    };
     drop(ops);
     register_output(&mut ctx, me, mgr, out, inputs, at)
 }
@@ -487,6 +491,7 @@ pub(crate) fn run_inplace(
         drop(ctx);
         wait_for_readers(&buf);
     };
+    let _locked = NoFork::new();
     let r = ctx.array(target)?;
     let tbuf = ctx.shr(target.shard).data_of(r);
     // Inputs sharing the target's buffer are copied out first so reads never alias
@@ -526,6 +531,7 @@ pub(crate) fn run_inplace(
 /// Read an array under the locks of its shard and its buffer's.
 pub(crate) fn read<R>(id: ArrayId, f: impl FnOnce(&Operand<'_>) -> R) -> Result<R> {
     let ctx = Ctx::read_only(&[id.shard]);
+    let _locked = NoFork::new();
     let o = ctx.operand(id)?;
     Ok(f(&o))
 }

@@ -132,6 +132,7 @@ pub(crate) fn add_to_grads(
         return false;
     }
     let ctx = Ctx::one(s);
+    let _locked = kernels::NoFork::new();
     let sh = ctx.shr(s);
     // Check everything before writing anything.
     let mut grads: smallvec::SmallVec<[Option<&records::ArrayRec>; 4]> = smallvec::SmallVec::new();

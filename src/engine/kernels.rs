@@ -50,6 +50,50 @@ impl<'a, T: Native> From<&'a mut OperandMut<'_>> for StridedMut<'a, T> {
 /// Contiguous element counts above which elementwise loops are split across threads.
 const PARALLEL_ELEMS: usize = 1 << 18;
 
+// Kernels never fork while their thread holds a shard lock. A thread waiting in a rayon
+// join may run other rayon tasks meanwhile (a worker runs tasks from its own queue or
+// steals), and one of those may be user code that runs an op on an array of the locked
+// shard. That task would block on the lock, and the thread holding it would wait for
+// the task: a deadlock. Work under a lock is small by design (`exec::OUTSIDE_LOCK_WORK`);
+// the exceptions (a broadcast to a big result, a mid-size matmul, an in-place update
+// or a gradient sum of a big parameter) run on the calling thread alone.
+thread_local! {
+    static LOCKED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks the calling thread as holding a shard lock while alive: kernels run meanwhile
+/// do not fork ([`may_fork`]). Take it right after locking and keep it until unlocking.
+pub(crate) struct NoFork(());
+
+impl NoFork {
+    #[inline]
+    pub(crate) fn new() -> NoFork {
+        LOCKED.with(|c| c.set(c.get() + 1));
+        NoFork(())
+    }
+}
+
+impl Drop for NoFork {
+    #[inline]
+    fn drop(&mut self) {
+        LOCKED.with(|c| c.set(c.get() - 1));
+    }
+}
+
+/// Whether a kernel may split its work across rayon's threads: not while this thread
+/// holds a shard lock (see [`NoFork`]).
+#[inline]
+pub(crate) fn may_fork() -> bool {
+    LOCKED.with(|c| c.get() == 0)
+}
+
+/// The least number of items a parallel iterator hands to one task: 1 when the kernel
+/// may fork, else all of them (rayon then runs the loop on this thread without a join).
+#[inline]
+pub(crate) fn split_min() -> usize {
+    if may_fork() { 1 } else { usize::MAX }
+}
+
 /// Copy an operand into a new contiguous buffer of the same dtype.
 pub(crate) fn materialize(o: &Operand<'_>) -> Result<(Buffer, Layout)> {
     let buf = dispatch!(o.dtype, T => map_unary::<T, T>(o, |x| x)?);
@@ -91,6 +135,7 @@ pub(crate) fn map_unary<'a, T: Native, U: Native>(
             if n >= PARALLEL_ELEMS {
                 out.par_chunks_mut(PARALLEL_ELEMS / 4)
                     .zip(src.par_chunks(PARALLEL_ELEMS / 4))
+                    .with_min_len(split_min())
                     .for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &x)| *o = f(x)));
             } else {
                 out.iter_mut().zip(src).for_each(|(o, &x)| *o = f(x));
@@ -144,6 +189,7 @@ pub(crate) fn map_binary<'a, 'b, T: Native, U: Native>(
                 let c = PARALLEL_ELEMS / 4;
                 out.par_chunks_mut(c)
                     .zip(sa.par_chunks(c).zip(sb.par_chunks(c)))
+                    .with_min_len(split_min())
                     .for_each(|(o, (x, y))| zip2(o, x, y, f));
             } else {
                 zip2(out, sa, sb, f);
@@ -319,7 +365,7 @@ pub(crate) fn reduce<'a, T: Native, A: Copy + Send + Sync>(
         });
         acc
     };
-    if n_out > 1 && l.size() >= PARALLEL_ELEMS {
+    if n_out > 1 && l.size() >= PARALLEL_ELEMS && may_fork() {
         // Whole lanes per task, about PARALLEL_ELEMS / 4 elements each; a task finds its
         // lanes' bases from their indices.
         let per_lane = (l.size() / n_out).max(1);
@@ -456,7 +502,7 @@ pub(crate) fn reduce_outer<'a, T: Native, A: Copy + Send>(
     };
     // Parts of at least 1,024 accumulators (whole cache lines, long runs per row).
     let threads = rayon::current_num_threads();
-    if threads > 1 && l.size() >= PARALLEL_ELEMS && n_out >= 2 * 1024 {
+    if threads > 1 && l.size() >= PARALLEL_ELEMS && n_out >= 2 * 1024 && may_fork() {
         let part = n_out.div_ceil(threads).next_multiple_of(1024);
         acc.par_chunks_mut(part)
             .enumerate()
@@ -487,7 +533,7 @@ fn pairwise_sum<T: Native>(x: &[T]) -> T {
         return block_sum(x);
     }
     let mid = (x.len() / 2).next_multiple_of(32);
-    if x.len() >= PARALLEL_ELEMS {
+    if x.len() >= PARALLEL_ELEMS && may_fork() {
         let (a, b) = rayon::join(|| pairwise_sum(&x[..mid]), || pairwise_sum(&x[mid..]));
         a.add(b)
     } else {
@@ -611,7 +657,7 @@ pub(crate) fn matmul_2d<T: Native>(
         assert!(in_bounds(&a, m, k));
         assert!(in_bounds(&b, k, n));
         let flops = m * n * k;
-        let par = if flops >= 1 << 21 {
+        let par = if flops >= 1 << 21 && may_fork() {
             gemm::Parallelism::Rayon(0)
         } else {
             gemm::Parallelism::None
@@ -906,6 +952,75 @@ mod tests {
             }
         }
         assert_eq!(one.0, plain);
+    }
+
+    /// Under [`NoFork`] (what the engine holds while it computes under a shard lock) a
+    /// reduction big enough to split runs entirely on the calling thread; without it,
+    /// rayon's threads take part. Guards may nest.
+    #[test]
+    fn kernels_do_not_fork_under_a_shard_lock() {
+        use std::collections::HashSet;
+        use std::sync::Mutex;
+        let n = 64 * 4096;
+        assert!(n >= PARALLEL_ELEMS);
+        let data: Vec<f32> = (0..n).map(|v| (v % 3) as f32).collect();
+        let l = layout(&[64, 4096], &[4096, 1], 0);
+        let threads_used = || {
+            let seen = Mutex::new(HashSet::new());
+            let x = Strided {
+                data: &data,
+                layout: &l,
+            };
+            reduce_outer::<f32, f32>(x, &[0], 0.0, |acc, v| {
+                seen.lock().unwrap().insert(std::thread::current().id());
+                acc + v
+            });
+            reduce::<f32, f32>(x, &[1], 0.0, |acc, d, s, n, st| {
+                seen.lock().unwrap().insert(std::thread::current().id());
+                acc + sum_row(d, s, n, st)
+            });
+            seen.into_inner().unwrap()
+        };
+        let me = std::thread::current().id();
+        {
+            let _outer = NoFork::new();
+            let _inner = NoFork::new();
+            assert!(!may_fork());
+            assert_eq!(threads_used(), HashSet::from([me]));
+        }
+        assert!(may_fork());
+        if rayon::current_num_threads() > 1 {
+            assert!(threads_used().iter().any(|&t| t != me));
+        }
+    }
+
+    /// The engine computes an op, an in-place update and a read under its locks with
+    /// forking off, and turns it back on when it lets go.
+    #[test]
+    fn the_engine_holds_no_fork_while_it_computes_under_a_lock() {
+        let m = crate::NDManager::new();
+        let a = m.ones([4], crate::DType::F32);
+        assert!(!crate::engine::read(a.id, |_| may_fork()).unwrap());
+        let mut seen = None;
+        let b = crate::engine::run_op("probe", &[a.id], std::panic::Location::caller(), |o| {
+            seen = Some(may_fork());
+            Ok(crate::engine::Output::View {
+                of: 0,
+                layout: o[0].layout.clone(),
+            })
+        })
+        .unwrap();
+        assert_eq!(seen, Some(false));
+        let mut seen = None;
+        crate::engine::run_inplace(a.id, &[], |_, _| {
+            seen = Some(may_fork());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, Some(false));
+        assert!(may_fork());
+        let _ = b;
+        m.close();
     }
 
     /// Products below and above [`TINY_MATMUL_FLOPS`] (the plain loop and gemm) agree

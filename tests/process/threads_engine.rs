@@ -2145,3 +2145,55 @@ fn scopes_hold_arrays_made_on_other_threads() {
     drop(pool);
     assert_eq!(counters(), base);
 }
+
+/// Ops run inside rayon tasks (data-parallel user code) while their kernels would fork:
+/// a mid-size matmul (inputs under the engine's lock threshold, enough flops for gemm's
+/// threads) and a backward pass that sums a big broadcast gradient into a parameter's,
+/// both of which compute under the calling thread's shard lock. A kernel that
+/// forked there would let its worker run another task while it waits, and that task's
+/// first op would block on the lock the worker already holds. Every task must finish.
+#[test]
+fn ops_inside_rayon_tasks_whose_kernels_could_fork_never_deadlock() {
+    use rayon::prelude::*;
+    let _s = serial();
+    let before = ndscope::memory();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        let sums: Vec<f32> = pool.install(|| {
+            (0..iters(48))
+                .into_par_iter()
+                .map(|i| {
+                    let m = NDManager::new();
+                    // [256,32] x [32,256]: 16K input elements, 2^21 multiply-adds.
+                    let a = m.full([256, 32], 1.0 + i as f64, DType::F32);
+                    let b = m.full([32, 256], 0.5, DType::F32);
+                    let p = a.matmul(b);
+                    // A [1,2048] parameter's gradient summed from a [128,2048] product.
+                    let c = m.full([128, 1], 1.0, DType::F32) + m.full([1, 2048], 1.0, DType::F32);
+                    let w = m.zeros([1, 2048], DType::F32).set_requires_gradient(true);
+                    {
+                        let gc = GradientCollector::new();
+                        gc.backward((c * w).sum()).unwrap();
+                    }
+                    let s = p.sum().to_scalar::<f32>().unwrap()
+                        + w.gradient().sum().to_scalar::<f32>().unwrap();
+                    m.close();
+                    s
+                })
+                .collect()
+        });
+        let _ = tx.send(sums);
+    });
+    let sums = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("rayon tasks running ops deadlocked");
+    for (i, s) in sums.iter().enumerate() {
+        let matmul = 256.0 * 256.0 * 32.0 * 0.5 * (1.0 + i as f32);
+        assert_eq!(*s, matmul + 2048.0 * 128.0 * 2.0, "task {i}");
+    }
+    assert_eq!(ndscope::memory().live_arrays, before.live_arrays);
+}
