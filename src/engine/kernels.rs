@@ -50,13 +50,18 @@ impl<'a, T: Native> From<&'a mut OperandMut<'_>> for StridedMut<'a, T> {
 /// Contiguous element counts above which elementwise loops are split across threads.
 const PARALLEL_ELEMS: usize = 1 << 18;
 
-// Kernels never fork while their thread holds a shard lock. A thread waiting in a rayon
-// join may run other rayon tasks meanwhile (a worker runs tasks from its own queue or
-// steals), and one of those may be user code that runs an op on an array of the locked
-// shard. That task would block on the lock, and the thread holding it would wait for
-// the task: a deadlock. Work under a lock is small by design (`exec::OUTSIDE_LOCK_WORK`);
-// the exceptions (a broadcast to a big result, a mid-size matmul, an in-place update
-// or a gradient sum of a big parameter) run on the calling thread alone.
+// Kernels fork only from a thread that holds no shard lock and is not one of rayon's
+// workers. A rayon worker that waits in a join runs other rayon tasks meanwhile (from
+// its own queue, or stolen). One of those may be user code (data-parallel training in
+// `par_iter`), and it would run in the middle of the interrupted op, on the same
+// thread: its ops would block on a shard lock that the thread already holds, and it
+// would see that thread's open scopes and its recording collector. A thread outside
+// the pool waits for a join without running anything else, so it may fork when it
+// holds no lock. Work under a lock is small by design (`exec::OUTSIDE_LOCK_WORK`); the
+// exceptions (a broadcast to a big result, a mid-size matmul, an in-place update or a
+// gradient sum of a big parameter) run on the calling thread alone, as do all kernels
+// called from inside rayon tasks. The splits inside a kernel's own parallel loop are
+// rayon's, so a kernel that forks uses every core.
 thread_local! {
     static LOCKED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
@@ -81,10 +86,10 @@ impl Drop for NoFork {
 }
 
 /// Whether a kernel may split its work across rayon's threads: not while this thread
-/// holds a shard lock (see [`NoFork`]).
+/// holds a shard lock (see [`NoFork`]), and not on one of rayon's worker threads.
 #[inline]
 pub(crate) fn may_fork() -> bool {
-    LOCKED.with(|c| c.get() == 0)
+    LOCKED.with(|c| c.get() == 0) && rayon::current_thread_index().is_none()
 }
 
 /// The least number of items a parallel iterator hands to one task: 1 when the kernel
@@ -528,16 +533,22 @@ pub(crate) fn sum_row<T: Native>(data: &[T], start: isize, len: usize, stride: i
 }
 
 fn pairwise_sum<T: Native>(x: &[T]) -> T {
+    pairwise(x, may_fork())
+}
+
+/// [`pairwise_sum`]; `fork`, decided once at the top, splits large halves across
+/// threads (the halves are the same either way, so are the bits).
+fn pairwise<T: Native>(x: &[T], fork: bool) -> T {
     const BLOCK: usize = 4096;
     if x.len() <= BLOCK {
         return block_sum(x);
     }
     let mid = (x.len() / 2).next_multiple_of(32);
-    if x.len() >= PARALLEL_ELEMS && may_fork() {
-        let (a, b) = rayon::join(|| pairwise_sum(&x[..mid]), || pairwise_sum(&x[mid..]));
+    if x.len() >= PARALLEL_ELEMS && fork {
+        let (a, b) = rayon::join(|| pairwise(&x[..mid], true), || pairwise(&x[mid..], true));
         a.add(b)
     } else {
-        pairwise_sum(&x[..mid]).add(pairwise_sum(&x[mid..]))
+        pairwise(&x[..mid], fork).add(pairwise(&x[mid..], fork))
     }
 }
 
@@ -872,7 +883,8 @@ mod tests {
 
     /// Reductions big enough to split across threads (by output) give exactly what a
     /// plain loop over every element gives, for every set of axes, on contiguous,
-    /// reversed and transposed layouts; and the same bits on one thread as on several.
+    /// reversed and transposed layouts; and the same bits on one thread as on all of
+    /// rayon's.
     #[test]
     fn reductions_split_across_threads_match_a_plain_loop() {
         let dims = [64usize, 72, 80];
@@ -925,24 +937,23 @@ mod tests {
         let fracs: Vec<f32> = (0..n)
             .map(|v| ((v * 37 % 101) as f32).sqrt() / 7.0)
             .collect();
-        let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            pool.install(|| {
-                let x = Strided {
-                    data: &fracs,
-                    layout: &layouts[0],
-                };
-                let outer = reduce_outer::<f32, f32>(x, &[0], 0.0, |acc, v| acc + v);
-                let lanes =
-                    reduce::<f32, f32>(x, &[2], 0.0, |acc, d, s, n, st| acc + sum_row(d, s, n, st));
-                (outer, lanes.to_vec())
-            })
+        let run = || {
+            let x = Strided {
+                data: &fracs,
+                layout: &layouts[0],
+            };
+            let outer = reduce_outer::<f32, f32>(x, &[0], 0.0, |acc, v| acc + v);
+            let lanes =
+                reduce::<f32, f32>(x, &[2], 0.0, |acc, d, s, n, st| acc + sum_row(d, s, n, st));
+            (outer, lanes.to_vec())
         };
-        let (one, three) = (run(1), run(3));
-        assert_eq!(one, three);
+        // On a rayon worker kernels do not fork; from this thread they use the pool.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let (one, many) = (pool.install(run), run());
+        assert_eq!(one, many);
         // ... and an output's elements are added in row order, as a plain loop does.
         let cols = 72 * 80;
         let mut plain = vec![0.0f32; cols];
@@ -956,7 +967,8 @@ mod tests {
 
     /// Under [`NoFork`] (what the engine holds while it computes under a shard lock) a
     /// reduction big enough to split runs entirely on the calling thread; without it,
-    /// rayon's threads take part. Guards may nest.
+    /// rayon's threads take part, unless the caller is itself a rayon task. Guards may
+    /// nest.
     #[test]
     fn kernels_do_not_fork_under_a_shard_lock() {
         use std::collections::HashSet;
@@ -992,6 +1004,15 @@ mod tests {
         if rayon::current_num_threads() > 1 {
             assert!(threads_used().iter().any(|&t| t != me));
         }
+        // Called from inside a rayon task, a kernel runs on that task's thread alone.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            assert!(!may_fork());
+            assert_eq!(threads_used(), HashSet::from([std::thread::current().id()]));
+        });
     }
 
     /// The engine computes an op, an in-place update and a read under its locks with

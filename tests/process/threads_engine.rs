@@ -2146,12 +2146,16 @@ fn scopes_hold_arrays_made_on_other_threads() {
     assert_eq!(counters(), base);
 }
 
-/// Ops run inside rayon tasks (data-parallel user code) while their kernels would fork:
+/// Ops run inside rayon tasks (data-parallel user code) where their kernels could fork:
 /// a mid-size matmul (inputs under the engine's lock threshold, enough flops for gemm's
-/// threads) and a backward pass that sums a big broadcast gradient into a parameter's,
-/// both of which compute under the calling thread's shard lock. A kernel that
-/// forked there would let its worker run another task while it waits, and that task's
-/// first op would block on the lock the worker already holds. Every task must finish.
+/// threads), a backward pass that sums a big broadcast gradient into a parameter's
+/// (under the lock), and big elementwise ops (no lock). A kernel that forked from a
+/// worker would let that worker run another task while it waits, in the middle of the
+/// op. That task's ops would block on the lock the worker holds, and its collector
+/// would find the interrupted task's collector recording on the thread. (Under
+/// valgrind, before kernels stopped forking on workers, this test failed with
+/// "a GradientCollector is already recording on this thread".) Every task must finish
+/// with its own exact result.
 #[test]
 fn ops_inside_rayon_tasks_whose_kernels_could_fork_never_deadlock() {
     use rayon::prelude::*;
