@@ -103,7 +103,7 @@ impl Shard {
     /// now to be freed. A free that might touch another shard, or that also frees a
     /// gradient, is left to the caller untouched ([`RegDrop::Elsewhere`]), for
     /// [`Ctx::drop_registration`] under the locks it needs.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn drop_registration_here(
         &mut self,
         id: ArrayId,
@@ -132,7 +132,9 @@ impl Shard {
             return RegDrop::Free;
         }
         if others == 0 && r.retains == 0 {
-            // Kept for a gradient tape (`holds > 0`); see `Ctx::drop_registration`.
+            // Kept for a gradient tape (`holds > 0`); its last `unhold` frees it,
+            // recording this close's cause (a scope's, or an async task's and how it
+            // ended).
             r.cold_mut().orphaned = Some(cause);
         }
         RegDrop::Kept

@@ -92,13 +92,6 @@ pub(crate) fn may_fork() -> bool {
     LOCKED.with(|c| c.get() == 0) && rayon::current_thread_index().is_none()
 }
 
-/// The least number of items a parallel iterator hands to one task: 1 when the kernel
-/// may fork, else all of them (rayon then runs the loop on this thread without a join).
-#[inline]
-pub(crate) fn split_min() -> usize {
-    if may_fork() { 1 } else { usize::MAX }
-}
-
 /// Copy an operand into a new contiguous buffer of the same dtype.
 pub(crate) fn materialize(o: &Operand<'_>) -> Result<(Buffer, Layout)> {
     let buf = dispatch!(o.dtype, T => map_unary::<T, T>(o, |x| x)?);
@@ -137,10 +130,9 @@ pub(crate) fn map_unary<'a, T: Native, U: Native>(
         }
         if l.is_contiguous() {
             let src = &src[l.offset..l.offset + n];
-            if n >= PARALLEL_ELEMS {
+            if n >= PARALLEL_ELEMS && may_fork() {
                 out.par_chunks_mut(PARALLEL_ELEMS / 4)
                     .zip(src.par_chunks(PARALLEL_ELEMS / 4))
-                    .with_min_len(split_min())
                     .for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &x)| *o = f(x)));
             } else {
                 out.iter_mut().zip(src).for_each(|(o, &x)| *o = f(x));
@@ -190,11 +182,10 @@ pub(crate) fn map_binary<'a, 'b, T: Native, U: Native>(
         }
         if la.shape == *shape && lb.shape == *shape && la.is_contiguous() && lb.is_contiguous() {
             let (sa, sb) = (&da[la.offset..la.offset + n], &db[lb.offset..lb.offset + n]);
-            if n >= PARALLEL_ELEMS {
+            if n >= PARALLEL_ELEMS && may_fork() {
                 let c = PARALLEL_ELEMS / 4;
                 out.par_chunks_mut(c)
                     .zip(sa.par_chunks(c).zip(sb.par_chunks(c)))
-                    .with_min_len(split_min())
                     .for_each(|(o, (x, y))| zip2(o, x, y, f));
             } else {
                 zip2(out, sa, sb, f);
@@ -359,9 +350,8 @@ pub(crate) fn reduce<'a, T: Native, A: Copy + Send + Sync>(
         }
     }
     let n_out: usize = kept_dims.iter().product();
-    let mut out = Accs::with_capacity(n_out);
     if n_out == 0 {
-        return out;
+        return Accs::new();
     }
     let lane = |base: isize| {
         let mut acc = init;
@@ -388,6 +378,7 @@ pub(crate) fn reduce<'a, T: Native, A: Copy + Send + Sync>(
             .collect();
         return Accs::from_vec(v);
     }
+    let mut out = Accs::with_capacity(n_out);
     // Iterate the kept axes as "rows of length 1" so each call is one output element
     // (no list of bases: a full reduction allocates nothing).
     for_each_row(&kept_dims, [&kept_strides], [l.offset], |off, len, s| {

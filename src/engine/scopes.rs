@@ -328,7 +328,7 @@ impl Ctx {
                         let mut need = Shards::new();
                         self.free_shards(id, &mut need);
                         if need.iter().all(|&s| self.holds(s)) {
-                            self.drop_registration(id, c, cause, at);
+                            self.free_registered(id, c, cause, at);
                         } else {
                             later.push((id, c, cause));
                         }
@@ -356,19 +356,29 @@ impl Ctx {
         cause: Cause,
         at: Option<SourceLocation>,
     ) {
-        let Some(r) = self.sh(id.shard).arrays.get_mut(id) else {
-            return;
-        };
+        match self.sh(id.shard).drop_registration_here(id, c, cause) {
+            RegDrop::Kept => {}
+            RegDrop::Free => {
+                self.free_array(id, at, cause);
+            }
+            RegDrop::Elsewhere => self.free_registered(id, c, cause, at),
+        }
+    }
+
+    /// [`RegDrop::Elsewhere`]: nothing but `c` holds live array `id`; drop that
+    /// registration and free the array across the shards the caller locked.
+    fn free_registered(
+        &mut self,
+        id: ArrayId,
+        c: ScopeId,
+        cause: Cause,
+        at: Option<SourceLocation>,
+    ) {
+        let r = self.sh(id.shard).arrays.get_mut(id).expect("checked live");
         if let Some(i) = r.scopes.iter().position(|&(s, _)| s == c) {
             r.scopes.swap_remove(i);
         }
-        if r.scopes.is_empty() && r.retains == 0 && r.holds > 0 {
-            // Kept for a gradient tape; its last `unhold` frees it, recording this
-            // close's cause (a scope's, or an async task's and how it ended).
-            r.cold_mut().orphaned = Some(cause);
-        } else if r.scopes.is_empty() && r.retains == 0 {
-            self.free_array(id, at, cause);
-        }
+        self.free_array(id, at, cause);
     }
 
     pub(crate) fn scope_add_resource(
