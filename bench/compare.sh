@@ -55,3 +55,19 @@ for key in ("conv2d_fwd_bwd_us", "cross_entropy_fwd_bwd_us"):
     r = "-" if a is None or not b else f"{a / b:.2f}x"
     print(f"{key:42} {a if a is not None else '-':>10} {b if b is not None else '-':>10} {r:>10}")
 PY
+# The 2048³ matmul again with the optional `openblas` feature (large f32/f64 products
+# through the system OpenBLAS), where that library links.
+if echo 'int main(void){return 0;}' | gcc -x c - -lopenblas -o /dev/null 2>/dev/null; then
+  cargo build --release --example bench --features openblas --target-dir target/openblas >/dev/null 2>&1
+  ob=$(target/openblas/release/examples/bench --only matmul2048 --json "$@")
+  echo "$ob"
+  python3 - "$ob" "$np" <<'PY'
+import json, sys
+ob, np = (json.loads(a) for a in sys.argv[1:3])
+a, b = ob.get("matmul2048_GFLOPs"), np.get("matmul2048_GFLOPs")
+r = "-" if a is None or not b else f"{a / b:.2f}x"
+print(f"{'matmul2048_GFLOPs (feature openblas)':42} {a if a is not None else '-':>10} {'numpy':>10} {b if b is not None else '-':>10} {r:>10}")
+PY
+else
+  echo "libopenblas does not link here: the openblas feature was not measured"
+fi

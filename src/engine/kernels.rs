@@ -659,6 +659,10 @@ pub(crate) fn matmul_2d<T: Native>(
         assert!(in_bounds(&a, m, k));
         assert!(in_bounds(&b, k, n));
         let flops = m * n * k;
+        #[cfg(feature = "openblas")]
+        if flops >= 1 << 21 && may_fork() && super::blas::matmul(m, n, k, &a, &b, out) {
+            return;
+        }
         let par = if flops >= 1 << 21 && may_fork() {
             gemm::Parallelism::Rayon(0)
         } else {

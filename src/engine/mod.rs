@@ -55,6 +55,8 @@
 //! additionally serialises on its own lock, taken before any other.
 
 mod arrays;
+#[cfg(feature = "openblas")]
+mod blas;
 mod count_alloc;
 mod exec;
 mod grads;
