@@ -77,7 +77,10 @@ impl Layout {
 /// `offsets[k]` is the element offset of operand `k` at the start of the row (its base
 /// offset plus the outer indices times its strides). `strides[k]` must have
 /// `shape.ndim()` entries. A 0-d shape is one row of length 1; a shape with a zero
-/// dimension has no rows.
+/// dimension has no rows. Rows are as long as the layouts allow: inner dimensions that
+/// every operand strides uniformly are merged, and a dimension of size 1 (whose stride
+/// never matters) never splits a row, so `[n,1] + [1]` is one row of `n`, not `n` rows
+/// of 1.
 pub(crate) fn for_each_row<const K: usize>(
     shape: &[usize],
     strides: [&[isize]; K],
@@ -93,21 +96,27 @@ pub(crate) fn for_each_row<const K: usize>(
     if shape.contains(&0) {
         return;
     }
-    // Merge the inner dimensions while every operand stays uniformly strided across
-    // them: a contiguous array then becomes one long row (fast, vectorisable).
+    // The row runs along the last dimension of size > 1: a size-1 dimension takes no
+    // step, so its stride (a broadcast 0, or the operand's own) never matters.
     let mut inner = nd - 1;
-    let mut inner_len = shape[nd - 1];
+    while inner > 0 && shape[inner] == 1 {
+        inner -= 1;
+    }
+    let mut inner_len = shape[inner];
+    let inner_strides: [isize; K] = std::array::from_fn(|k| strides[k][inner]);
+    // Merge the dimensions outside it while every operand stays uniformly strided
+    // across them (size-1 ones always merge): a contiguous array then becomes one long
+    // row (fast, vectorisable), and so does `[n,1] + [1]`.
     while inner > 0 {
         let d = inner - 1;
-        let mergeable =
-            (0..K).all(|k| strides[k][d] == strides[k][nd - 1].wrapping_mul(inner_len as isize));
+        let mergeable = shape[d] == 1
+            || (0..K).all(|k| strides[k][d] == inner_strides[k].wrapping_mul(inner_len as isize));
         if !mergeable || inner_len.checked_mul(shape[d]).is_none() {
             break;
         }
         inner_len *= shape[d];
         inner = d;
     }
-    let inner_strides: [isize; K] = std::array::from_fn(|k| strides[k][nd - 1]);
     let outer = &shape[..inner];
     let mut idx: Dims = Dims::from_elem(0, outer.len());
     let mut off = base;
@@ -157,6 +166,41 @@ mod tests {
             rows.push((o[0], n, s[0]))
         });
         assert_eq!(rows, vec![(0, 2, 3), (1, 2, 3), (2, 2, 3)]);
+    }
+
+    /// Size-1 dimensions never split rows, whatever their strides: `[n,1] + [1]`
+    /// (a column plus a broadcast scalar) is one row, and every element is visited
+    /// once at the right offsets.
+    #[test]
+    fn size_one_dimensions_do_not_split_rows() {
+        // out [5,1] contiguous, a [5,1] contiguous, b [1] broadcast: strides [0, 1].
+        let mut rows = vec![];
+        for_each_row(
+            &[5, 1],
+            [&[1, 1], &[1, 1], &[0, 1]],
+            [0, 3, 7],
+            |o, n, s| rows.push((o, n, s)),
+        );
+        assert_eq!(rows, vec![([0, 3, 7], 5, [1, 1, 0])]);
+        // All dimensions of size 1: one element.
+        let mut rows = vec![];
+        for_each_row(&[1, 1, 1], [&[9, 4, 2]], [6], |o, n, _| {
+            rows.push((o[0], n))
+        });
+        assert_eq!(rows, vec![(6, 1)]);
+        // A size-1 dimension between two others, against a plain enumeration.
+        let (shape, st) = ([3usize, 1, 4], [13isize, 100, -2]);
+        let mut seen = vec![];
+        for_each_row(&shape, [&st], [50], |o, n, s| {
+            seen.extend((0..n as isize).map(|i| o[0] + i * s[0]))
+        });
+        let mut want = vec![];
+        for i in 0..3isize {
+            for j in 0..4isize {
+                want.push(50 + i * 13 + j * -2);
+            }
+        }
+        assert_eq!(seen, want);
     }
 
     #[test]
