@@ -46,6 +46,9 @@ def main():
     big_b = rng.random(n, dtype=np.float32)
     add16 = median_ns(r, 10, lambda: big_a + big_b) / 1e6
     sum16 = median_ns(r, 20, lambda: big_a.sum()) / 1e6
+    col = rng.random((1000 if quick else 100_000, 1), dtype=np.float32)
+    bias = rng.random(1, dtype=np.float32)
+    col_bias = median_ns(r, 200, lambda: col + bias) / 1e3
     side = 64 if quick else 4096
     mat = rng.random((side, side), dtype=np.float32)
     axis_gbps = [4 * side * side / median_ns(r, 20, lambda ax=ax: mat.sum(axis=ax)) for ax in (0, 1)]
@@ -69,6 +72,7 @@ def main():
         "matmul2048_ms": round(mm, 2),
         "matmul2048_GFLOPs": round(2 * k**3 / (mm * 1e6), 1),
         "sum16M_ms": round(sum16, 3),
+        "add_col_bias_us": round(col_bias, 2),
         "sum_axis0_GBps": round(axis_gbps[0], 1),
         "sum_axis1_GBps": round(axis_gbps[1], 1),
         "linreg_step_us": round(linreg_us, 3),

@@ -19,6 +19,9 @@
 //! written by hand, with it `GradientCollector` computes it. `bench/candle` measures
 //! the same workloads in candle-core.
 //!
+//! `add_col_bias_us` adds a [1] array to a [100000,1] column (a bias added to an
+//! `[n,1]` product), F32.
+//!
 //! `conv2d_fwd_bwd_us` is one `conv2d` forward and backward inside a fresh
 //! `GradientCollector` and scope: input [32,16,8,8] F32, 32 filters 3×3, padding 1,
 //! stride 1, with bias, loss `sum`, gradients for the input, the weight and the bias.
@@ -393,6 +396,15 @@ fn main() {
     });
     let add16m_gbps = add16m_ms.map(|ms| (3 * 4 * n) as f64 / (ms * 1e6));
 
+    // A column plus a broadcast scalar (`x.matmul(w) + b` with a [n,1] product).
+    let col_n = if quick { 1000 } else { 100_000 };
+    let col_n = if run("add_col_bias") { col_n } else { 1 };
+    let col = m.random_uniform(0.0, 1.0, [col_n, 1], DType::F32);
+    let bias = m.random_uniform(0.0, 1.0, [1], DType::F32);
+    let add_col_bias_us = maybe("add_col_bias", &mut || {
+        median_ns(r, 200, op_then_close(|| col + bias)) / 1e3
+    });
+
     let sum16m_ms = maybe("sum16M", &mut || {
         median_ns(r, 20, op_then_close(|| big_a.sum())) / 1e6
     });
@@ -456,6 +468,13 @@ fn main() {
             "us",
         ),
         ("add16M_ms", "add 16M f32", add16m_ms, 3, "ms"),
+        (
+            "add_col_bias_us",
+            "add [100000,1] + [1] f32",
+            add_col_bias_us,
+            2,
+            "us",
+        ),
         (
             "sum_axis0_GBps",
             "sum [4096,4096] over axis 0",
