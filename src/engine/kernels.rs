@@ -8,7 +8,7 @@
 //! so it is tested on plain vectors (the tests at the end of this file). An op's
 //! [`Operand`]s convert into both (`kernels::map_unary(&o[0], f)`).
 
-use super::layout::{Layout, for_each_row};
+use super::layout::{Layout, for_each_row, for_each_row_any_order};
 use super::storage::{Buffer, new_overwritten};
 use super::{Operand, OperandMut};
 use crate::dtype::{Native, dispatch};
@@ -139,21 +139,25 @@ pub(crate) fn map_unary<'a, T: Native, U: Native>(
             }
             return;
         }
-        let mut w = 0usize;
-        for_each_row(l.shape.dims(), [&l.strides], [l.offset], |off, len, s| {
-            let dst = &mut out[w..w + len];
-            if s[0] == 1 {
-                let s0 = off[0] as usize;
-                dst.iter_mut()
-                    .zip(&src[s0..s0 + len])
-                    .for_each(|(o, &x)| *o = f(x));
-            } else {
-                for (i, o) in dst.iter_mut().enumerate() {
-                    *o = f(src[(off[0] + i as isize * s[0]) as usize]);
+        let out_strides = l.shape.contiguous_strides();
+        for_each_row_any_order(
+            l.shape.dims(),
+            [&out_strides, &l.strides],
+            [0, l.offset],
+            |off, len, s| {
+                let (o0, s0) = (off[0] as usize, off[1]);
+                if s[0] == 1 && s[1] == 1 {
+                    out[o0..o0 + len]
+                        .iter_mut()
+                        .zip(&src[s0 as usize..s0 as usize + len])
+                        .for_each(|(o, &x)| *o = f(x));
+                } else {
+                    for i in 0..len as isize {
+                        out[(off[0] + i * s[0]) as usize] = f(src[(s0 + i * s[1]) as usize]);
+                    }
                 }
-            }
-            w += len;
-        });
+            },
+        );
     })
 }
 
@@ -194,13 +198,23 @@ pub(crate) fn map_binary<'a, 'b, T: Native, U: Native>(
         }
         let out_strides = shape.contiguous_strides();
         let (sa, sb) = (la.broadcast_strides(shape), lb.broadcast_strides(shape));
-        for_each_row(
+        for_each_row_any_order(
             shape.dims(),
             [&out_strides, &sa, &sb],
             [0, la.offset, lb.offset],
             |off, len, s| {
-                let dst = &mut out[off[0] as usize..off[0] as usize + len];
-                binary_row(dst, da, off[1], s[1], db, off[2], s[2], f);
+                if s[0] == 1 {
+                    let dst = &mut out[off[0] as usize..off[0] as usize + len];
+                    binary_row(dst, da, off[1], s[1], db, off[2], s[2], f);
+                } else {
+                    // A row along another dimension than the output's last.
+                    for i in 0..len as isize {
+                        out[(off[0] + i * s[0]) as usize] = f(
+                            da[(off[1] + i * s[1]) as usize],
+                            db[(off[2] + i * s[2]) as usize],
+                        );
+                    }
+                }
             },
         );
     })
@@ -271,7 +285,7 @@ pub(crate) fn assign_binary<'a, 'b, T: Native>(
     } = b.into();
     let sb = lb.broadcast_strides(&lt.shape);
     let boff = lb.offset;
-    for_each_row(
+    for_each_row_any_order(
         lt.shape.dims(),
         [&lt.strides, &sb],
         [lt.offset, boff],
@@ -293,7 +307,7 @@ pub(crate) fn assign_unary<'a, T: Native>(
         data: dt,
         layout: lt,
     } = t.into();
-    for_each_row(
+    for_each_row_any_order(
         lt.shape.dims(),
         [&lt.strides],
         [lt.offset],

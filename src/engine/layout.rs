@@ -96,27 +96,18 @@ pub(crate) fn for_each_row<const K: usize>(
     if shape.contains(&0) {
         return;
     }
-    // The row runs along the last dimension of size > 1: a size-1 dimension takes no
-    // step, so its stride (a broadcast 0, or the operand's own) never matters.
-    let mut inner = nd - 1;
-    while inner > 0 && shape[inner] == 1 {
-        inner -= 1;
-    }
-    let mut inner_len = shape[inner];
-    let inner_strides: [isize; K] = std::array::from_fn(|k| strides[k][inner]);
-    // Merge the dimensions outside it while every operand stays uniformly strided
-    // across them (size-1 ones always merge): a contiguous array then becomes one long
-    // row (fast, vectorisable), and so does `[n,1] + [1]`.
-    while inner > 0 {
-        let d = inner - 1;
-        let mergeable = shape[d] == 1
-            || (0..K).all(|k| strides[k][d] == inner_strides[k].wrapping_mul(inner_len as isize));
-        if !mergeable || inner_len.checked_mul(shape[d]).is_none() {
-            break;
-        }
-        inner_len *= shape[d];
-        inner = d;
-    }
+    walk(shape, strides, base, row_of(shape, strides), f);
+}
+
+/// Call `f` for each row that `row` (from [`row_of`]) describes.
+#[inline(always)]
+fn walk<const K: usize>(
+    shape: &[usize],
+    strides: [&[isize]; K],
+    base: [isize; K],
+    (inner, inner_len, inner_strides): (usize, usize, [isize; K]),
+    mut f: impl FnMut([isize; K], usize, [isize; K]),
+) {
     let outer = &shape[..inner];
     let mut idx: Dims = Dims::from_elem(0, outer.len());
     let mut off = base;
@@ -142,6 +133,85 @@ pub(crate) fn for_each_row<const K: usize>(
             idx[d] = 0;
         }
     }
+}
+
+/// The rows [`for_each_row`] walks for a shape with no zero dimension and at least one
+/// dimension: `(first, len, strides)`, where dimensions `first..` form each row of
+/// `len` elements with these strides.
+fn row_of<const K: usize>(shape: &[usize], strides: [&[isize]; K]) -> (usize, usize, [isize; K]) {
+    let nd = shape.len();
+    // The row runs along the last dimension of size > 1: a size-1 dimension takes no
+    // step, so its stride (a broadcast 0, or the operand's own) never matters.
+    let mut inner = nd - 1;
+    while inner > 0 && shape[inner] == 1 {
+        inner -= 1;
+    }
+    let mut inner_len = shape[inner];
+    let inner_strides: [isize; K] = std::array::from_fn(|k| strides[k][inner]);
+    // Merge the dimensions outside it while every operand stays uniformly strided
+    // across them (size-1 ones always merge): a contiguous array then becomes one long
+    // row (fast, vectorisable), and so does `[n,1] + [1]`.
+    while inner > 0 {
+        let d = inner - 1;
+        let mergeable = shape[d] == 1
+            || (0..K).all(|k| strides[k][d] == inner_strides[k].wrapping_mul(inner_len as isize));
+        if !mergeable || inner_len.checked_mul(shape[d]).is_none() {
+            break;
+        }
+        inner_len *= shape[d];
+        inner = d;
+    }
+    (inner, inner_len, inner_strides)
+}
+
+/// [`for_each_row`] for kernels that address every operand through its offsets (none
+/// is written in visit order): when the rows would be short (a transposed view walked
+/// along its last dimension: `[n,2]` with strides `[1,n]` is `n` rows of 2), the row
+/// runs along the longest dimension instead, so per-row costs stop dominating. Each
+/// element is still visited once, at the same offsets, in another order. Operand 0 is
+/// the one written: if it repeats an element (a zero stride), the plain order is kept,
+/// so the same write lands last.
+pub(crate) fn for_each_row_any_order<const K: usize>(
+    shape: &[usize],
+    strides: [&[isize]; K],
+    base: [usize; K],
+    f: impl FnMut([isize; K], usize, [isize; K]),
+) {
+    /// Rows shorter than this are worth reordering for...
+    const SHORT: usize = 16;
+    /// ...a dimension at least this many times longer.
+    const GAIN: usize = 4;
+    if shape.len() >= 2 && !shape.contains(&0) {
+        let row = row_of(shape, strides);
+        let (inner, len, _) = row;
+        if len >= SHORT {
+            // The common case: long rows already.
+            return walk(shape, strides, base.map(|b| b as isize), row, f);
+        }
+        let long = (0..inner).max_by_key(|&d| shape[d]);
+        let repeats = || {
+            shape
+                .iter()
+                .zip(strides[0])
+                .any(|(&n, &st)| n > 1 && st == 0)
+        };
+        if let Some(long) = long
+            && shape[long] >= GAIN * len.max(SHORT / GAIN)
+            && !repeats()
+        {
+            // Move `long` last, the others in their order.
+            let order: Dims = (0..shape.len())
+                .filter(|&d| d != long)
+                .chain([long])
+                .collect();
+            let dims: Dims = order.iter().map(|&d| shape[d]).collect();
+            let st: [Strides; K] =
+                std::array::from_fn(|k| order.iter().map(|&d| strides[k][d]).collect());
+            return for_each_row(&dims, std::array::from_fn(|k| &st[k][..]), base, f);
+        }
+        return walk(shape, strides, base.map(|b| b as isize), row, f);
+    }
+    for_each_row(shape, strides, base, f)
 }
 
 #[cfg(test)]
@@ -201,6 +271,38 @@ mod tests {
             }
         }
         assert_eq!(seen, want);
+    }
+
+    /// A transposed view is walked along its long dimension, and every element is
+    /// still visited once at the offsets a plain enumeration gives.
+    #[test]
+    fn any_order_rows_run_along_the_long_dimension() {
+        // [500,2] viewed from a [2,500] array (strides [1,500]), beside a contiguous
+        // output (strides [2,1]) and a broadcast row ([2] -> strides [0,1]).
+        let (shape, a, out, b) = ([500usize, 2], [1isize, 500], [2isize, 1], [0isize, 1]);
+        let mut rows = 0;
+        let mut seen = vec![];
+        for_each_row_any_order(&shape, [&out, &a, &b], [0, 7, 3], |o, n, s| {
+            rows += 1;
+            for i in 0..n as isize {
+                seen.push((o[0] + i * s[0], o[1] + i * s[1], o[2] + i * s[2]));
+            }
+        });
+        assert_eq!(rows, 2, "two rows of 500, not 500 rows of 2");
+        seen.sort();
+        let mut want = vec![];
+        for i in 0..500isize {
+            for j in 0..2isize {
+                want.push((i * 2 + j, 7 + i + j * 500, 3 + j));
+            }
+        }
+        assert_eq!(seen, want);
+        // Long rows already: the plain order, merged (a contiguous [4,1000]).
+        let mut calls = vec![];
+        for_each_row_any_order(&[4, 1000], [&[1000, 1]], [0], |o, n, s| {
+            calls.push((o[0], n, s[0]))
+        });
+        assert_eq!(calls, vec![(0, 4000, 1)]);
     }
 
     #[test]

@@ -22,6 +22,47 @@ fn operators_with_literals_infer() {
     m.close();
 }
 
+/// Elementwise ops on layouts whose rows are short (a transposed [2,n] view, a
+/// column plus a broadcast scalar) give the values of the same ops on plain data:
+/// the kernels walk such layouts along their long dimension (every element once).
+#[test]
+fn elementwise_on_transposed_views_and_columns_is_exact() {
+    let m = NDManager::new();
+    let n = 300;
+    let vals: Vec<f32> = (0..2 * n).map(|i| (i % 17) as f32 - 8.0).collect();
+    let base = m.create(vals.as_slice(), [2, n]);
+    let t = base.transpose(); // [n,2], strides [1,n]
+    // t[i][j] = vals[j*n + i]
+    let at = |i: usize, j: usize| vals[j * n + i];
+    let want = |f: &dyn Fn(f32, usize, usize) -> f32| -> Vec<f32> {
+        (0..n)
+            .flat_map(|i| (0..2).map(move |j| (i, j)))
+            .map(|(i, j)| f(at(i, j), i, j))
+            .collect()
+    };
+    assert_eq!((t * 2.0).to_vec::<f32>().unwrap(), want(&|x, _, _| x * 2.0));
+    assert_eq!((-t).to_vec::<f32>().unwrap(), want(&|x, _, _| -x));
+    let row = m.create(&[100.0f32, 200.0], [2]);
+    assert_eq!(
+        (t + row).to_vec::<f32>().unwrap(),
+        want(&|x, _, j| x + [100.0, 200.0][j])
+    );
+    assert_eq!((t - t).to_vec::<f32>().unwrap(), vec![0.0; 2 * n]);
+    // In place through the transposed view: base sees the writes where they belong.
+    let mut tv = t;
+    tv += row;
+    let back = base.to_vec::<f32>().unwrap();
+    for (k, (&b, &v)) in back.iter().zip(&vals).enumerate() {
+        assert_eq!(b, v + [100.0, 200.0][k / n], "element {k}");
+    }
+    // A column plus a broadcast scalar.
+    let col = m.create(vals.as_slice(), [2 * n, 1]);
+    let b = m.create(&[0.5f32], [1]);
+    let sum = (col + b).to_vec::<f32>().unwrap();
+    assert_eq!(sum, vals.iter().map(|x| x + 0.5).collect::<Vec<_>>());
+    m.close();
+}
+
 #[test]
 fn broadcasting_follows_numpy() {
     let m = NDManager::new();
