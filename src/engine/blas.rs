@@ -115,40 +115,31 @@ pub(crate) fn matmul<T: Native>(
     unsafe {
         let (pa, pb) = (a.data.as_ptr().offset(a.off), b.data.as_ptr().offset(b.off));
         let pc = out.as_mut_ptr();
+        // The two calls differ only in the function (and the element type it infers).
+        macro_rules! call {
+            ($gemm:ident) => {
+                $gemm(
+                    ROW_MAJOR,
+                    ta,
+                    tb,
+                    mi,
+                    ni,
+                    ki,
+                    1.0,
+                    pa.cast(),
+                    lda,
+                    pb.cast(),
+                    ldb,
+                    0.0,
+                    pc.cast(),
+                    ni,
+                )
+            };
+        }
         if f32_ {
-            cblas_sgemm(
-                ROW_MAJOR,
-                ta,
-                tb,
-                mi,
-                ni,
-                ki,
-                1.0,
-                pa.cast(),
-                lda,
-                pb.cast(),
-                ldb,
-                0.0,
-                pc.cast(),
-                ni,
-            );
+            call!(cblas_sgemm);
         } else {
-            cblas_dgemm(
-                ROW_MAJOR,
-                ta,
-                tb,
-                mi,
-                ni,
-                ki,
-                1.0,
-                pa.cast(),
-                lda,
-                pb.cast(),
-                ldb,
-                0.0,
-                pc.cast(),
-                ni,
-            );
+            call!(cblas_dgemm);
         }
     }
     #[cfg(test)]
