@@ -177,9 +177,9 @@ pub(crate) fn for_each_row_any_order<const K: usize>(
     base: [usize; K],
     f: impl FnMut([isize; K], usize, [isize; K]),
 ) {
-    /// Rows shorter than this are worth reordering for...
+    /// Rows shorter than this are worth reordering for a dimension at least `GAIN`
+    /// times longer (and at least this long).
     const SHORT: usize = 16;
-    /// ...a dimension at least this many times longer.
     const GAIN: usize = 4;
     if shape.len() >= 2 && !shape.contains(&0) {
         let row = row_of(shape, strides);
@@ -196,7 +196,7 @@ pub(crate) fn for_each_row_any_order<const K: usize>(
                 .any(|(&n, &st)| n > 1 && st == 0)
         };
         if let Some(long) = long
-            && shape[long] >= GAIN * len.max(SHORT / GAIN)
+            && shape[long] >= (GAIN * len).max(SHORT)
             && !repeats()
         {
             // Move `long` last, the others in their order.
