@@ -49,6 +49,11 @@ def main():
     col = rng.random((1000 if quick else 100_000, 1), dtype=np.float32)
     bias = rng.random(1, dtype=np.float32)
     col_bias = median_ns(r, 200, lambda: col + bias) / 1e3
+    st = 64 if quick else 1000
+    ta = rng.random((st, st), dtype=np.float32)
+    tb = rng.random((st, st), dtype=np.float32)
+    t_scale = median_ns(r, 50, lambda: ta.T * np.float32(2.0)) / 1e3
+    t_add = median_ns(r, 50, lambda: ta.T + tb) / 1e3
     side = 64 if quick else 4096
     mat = rng.random((side, side), dtype=np.float32)
     axis_gbps = [4 * side * side / median_ns(r, 20, lambda ax=ax: mat.sum(axis=ax)) for ax in (0, 1)]
@@ -73,6 +78,8 @@ def main():
         "matmul2048_GFLOPs": round(2 * k**3 / (mm * 1e6), 1),
         "sum16M_ms": round(sum16, 3),
         "add_col_bias_us": round(col_bias, 2),
+        "transposed_scale_us": round(t_scale, 1),
+        "transposed_add_us": round(t_add, 1),
         "sum_axis0_GBps": round(axis_gbps[0], 1),
         "sum_axis1_GBps": round(axis_gbps[1], 1),
         "linreg_step_us": round(linreg_us, 3),

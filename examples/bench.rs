@@ -20,7 +20,9 @@
 //! the same workloads in candle-core.
 //!
 //! `add_col_bias_us` adds a [1] array to a [100000,1] column (a bias added to an
-//! `[n,1]` product), F32.
+//! `[n,1]` product), F32. `transposed_scale_us` multiplies a transposed [1000,1000] F32
+//! view by 2, `transposed_add_us` adds it to a plain [1000,1000] array (each includes
+//! the transposed view and the close of the result).
 //!
 //! `conv2d_fwd_bwd_us` is one `conv2d` forward and backward inside a fresh
 //! `GradientCollector` and scope: input [32,16,8,8] F32, 32 filters 3×3, padding 1,
@@ -405,6 +407,23 @@ fn main() {
         median_ns(r, 200, op_then_close(|| col + bias)) / 1e3
     });
 
+    // Elementwise ops on a transposed view ([1000,1000]^T, strides [1,1000]): scaled,
+    // and added to a plain [1000,1000] array.
+    let side_t = if quick { 64 } else { 1000 };
+    let side_t = if run("transposed_scale") || run("transposed_add") {
+        side_t
+    } else {
+        1
+    };
+    let ta = m.random_uniform(0.0, 1.0, [side_t, side_t], DType::F32);
+    let tb = m.random_uniform(0.0, 1.0, [side_t, side_t], DType::F32);
+    let transposed_scale_us = maybe("transposed_scale", &mut || {
+        median_ns(r, 50, op_then_close(|| ta.transpose() * 2.0)) / 1e3
+    });
+    let transposed_add_us = maybe("transposed_add", &mut || {
+        median_ns(r, 50, op_then_close(|| ta.transpose() + tb)) / 1e3
+    });
+
     let sum16m_ms = maybe("sum16M", &mut || {
         median_ns(r, 20, op_then_close(|| big_a.sum())) / 1e6
     });
@@ -473,6 +492,20 @@ fn main() {
             "add [100000,1] + [1] f32",
             add_col_bias_us,
             2,
+            "us",
+        ),
+        (
+            "transposed_scale_us",
+            "[1000,1000]^T * 2 f32",
+            transposed_scale_us,
+            1,
+            "us",
+        ),
+        (
+            "transposed_add_us",
+            "[1000,1000]^T + [1000,1000] f32",
+            transposed_add_us,
+            1,
             "us",
         ),
         (

@@ -214,9 +214,11 @@ pub(crate) fn im2col<T: Native>(
     };
     let col = &mut col[..rows * ncols];
     if rows * ncols >= PARALLEL_WORK && kernels::may_fork() {
-        col.par_chunks_mut(ncols)
-            .enumerate()
-            .for_each(|(r, d)| fill_row(r, d));
+        kernels::fork(|| {
+            col.par_chunks_mut(ncols)
+                .enumerate()
+                .for_each(|(r, d)| fill_row(r, d))
+        });
     } else {
         col.chunks_mut(ncols)
             .enumerate()
@@ -272,10 +274,12 @@ pub(crate) fn col2im<T: Native>(
         let start = ((n0 + b) * g.c + c0) * plane;
         let planes = &mut dx[start..start + cg * plane];
         if cg * plane * g.kh * g.kw >= PARALLEL_WORK && kernels::may_fork() {
-            planes
-                .par_chunks_mut(plane)
-                .enumerate()
-                .for_each(|(c, d)| add_plane(b, c, d));
+            kernels::fork(|| {
+                planes
+                    .par_chunks_mut(plane)
+                    .enumerate()
+                    .for_each(|(c, d)| add_plane(b, c, d))
+            });
         } else {
             planes
                 .chunks_mut(plane)
@@ -741,10 +745,12 @@ pub(crate) fn max_pool_kernel<T: Native>(
         return;
     }
     if out.len() * g.kh * g.kw >= PARALLEL_WORK && kernels::may_fork() {
-        out.par_chunks_mut(lsz)
-            .zip(arg.par_chunks_mut(lsz))
-            .enumerate()
-            .for_each(|(p, (o, a))| plane(p, o, a));
+        kernels::fork(|| {
+            out.par_chunks_mut(lsz)
+                .zip(arg.par_chunks_mut(lsz))
+                .enumerate()
+                .for_each(|(p, (o, a))| plane(p, o, a))
+        });
     } else {
         out.chunks_mut(lsz)
             .zip(arg.chunks_mut(lsz))
@@ -780,9 +786,11 @@ pub(crate) fn avg_pool_kernel<T: Native>(x: &[T], l: &Layout, g: &Geom, out: &mu
         return;
     }
     if out.len() * g.kh * g.kw >= PARALLEL_WORK && kernels::may_fork() {
-        out.par_chunks_mut(lsz)
-            .enumerate()
-            .for_each(|(p, o)| plane(p, o));
+        kernels::fork(|| {
+            out.par_chunks_mut(lsz)
+                .enumerate()
+                .for_each(|(p, o)| plane(p, o))
+        });
     } else {
         out.chunks_mut(lsz)
             .enumerate()

@@ -211,9 +211,11 @@ fn matmul_impl(
                     && per < PARALLEL_FLOPS
                     && per.saturating_mul(offsets.len()) >= PARALLEL_FLOPS
                 {
-                    out.par_chunks_mut(mn)
-                        .zip(offsets[..].par_iter())
-                        .for_each(|(out, &off)| one(off, out));
+                    kernels::fork(|| {
+                        out.par_chunks_mut(mn)
+                            .zip(offsets[..].par_iter())
+                            .for_each(|(out, &off)| one(off, out))
+                    });
                 } else {
                     out.chunks_mut(mn)
                         .zip(&offsets)

@@ -79,9 +79,11 @@ fn softmax_kernel<T: Float>(a: &Operand<'_>, axis: usize, log: bool) -> Result<B
             let src = &src[l.offset..l.offset + n];
             let row = |(o, s): (&mut [T], &[T])| softmax_lane(s, 0, 1, o, 0, 1, len, log);
             if n >= PARALLEL_ELEMS && kernels::may_fork() {
-                out.par_chunks_mut(len)
-                    .zip(src.par_chunks(len))
-                    .for_each(row);
+                kernels::fork(|| {
+                    out.par_chunks_mut(len)
+                        .zip(src.par_chunks(len))
+                        .for_each(row)
+                });
             } else {
                 out.chunks_mut(len).zip(src.chunks(len)).for_each(row);
             }

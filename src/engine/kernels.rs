@@ -50,18 +50,22 @@ impl<'a, T: Native> From<&'a mut OperandMut<'_>> for StridedMut<'a, T> {
 /// Contiguous element counts above which elementwise loops are split across threads.
 const PARALLEL_ELEMS: usize = 1 << 18;
 
-// Kernels fork only from a thread that holds no shard lock and is not one of rayon's
-// workers. A rayon worker that waits in a join runs other rayon tasks meanwhile (from
-// its own queue, or stolen). One of those may be user code (data-parallel training in
-// `par_iter`), and it would run in the middle of the interrupted op, on the same
-// thread: its ops would block on a shard lock that the thread already holds, and it
-// would see that thread's open scopes and its recording collector. A thread outside
-// the pool waits for a join without running anything else, so it may fork when it
-// holds no lock. Work under a lock is small by design (`exec::OUTSIDE_LOCK_WORK`); the
-// exceptions (a broadcast to a big result, a mid-size matmul, an in-place update or a
-// gradient sum of a big parameter) run on the calling thread alone, as do all kernels
-// called from inside rayon tasks. The splits inside a kernel's own parallel loop are
-// rayon's, so a kernel that forks uses every core.
+// Large kernels split their work across ndscope's own rayon pool ([`fork`]), never
+// rayon's global pool, and only from a thread that holds no shard lock and is not a
+// rayon worker. A rayon worker that waits in a join runs other tasks of its pool
+// meanwhile (from its own queue, or stolen). Were kernels split on the pool that runs
+// user code (data-parallel training in `par_iter`), such a task could run in the middle
+// of the interrupted op, on the same thread: its ops would block on a shard lock that
+// the thread already holds, it would see that thread's open scopes and recording
+// collector, and an in-place write it made to an array the op reads with no lock held
+// would wait for the op, which waits for that worker (the stolen-writer deadlock). The
+// kernel pool runs nothing but kernel splits, which take no lock and wait for nothing
+// but each other. A thread outside any pool waits for `install` without running
+// anything else, so it may fork when it holds no lock. A rayon worker may not: waiting
+// for another pool, it would run its own pool's tasks meanwhile. Work under a lock is
+// small by design (`exec::OUTSIDE_LOCK_WORK`); the exceptions (a broadcast to a big
+// result, a mid-size matmul, an in-place update or a gradient sum of a big parameter)
+// run on the calling thread alone, as do all kernels called from inside rayon tasks.
 thread_local! {
     static LOCKED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
@@ -85,11 +89,38 @@ impl Drop for NoFork {
     }
 }
 
-/// Whether a kernel may split its work across rayon's threads: not while this thread
-/// holds a shard lock (see [`NoFork`]), and not on one of rayon's worker threads.
+/// Whether a kernel may split its work across the kernel pool ([`fork`]): not while
+/// this thread holds a shard lock (see [`NoFork`]), and not on a worker thread of any
+/// rayon pool (the kernel pool's own, or one that runs user code).
 #[inline]
 pub(crate) fn may_fork() -> bool {
     LOCKED.with(|c| c.get() == 0) && rayon::current_thread_index().is_none()
+}
+
+/// ndscope's kernel pool: the threads that run the splits of large kernels, and only
+/// those (see the comment above [`NoFork`]). Started on the first fork; as many threads
+/// as rayon's global pool would have (`RAYON_NUM_THREADS`, else one per CPU).
+fn kernel_pool() -> &'static rayon::ThreadPool {
+    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("ndscope-kernel-{i}"))
+            .build()
+            .expect("ndscope could not start its kernel threads")
+    })
+}
+
+/// Run `f`, whose parallel loops split across the kernel pool, and wait for it. Call
+/// only where [`may_fork`] holds: the calling thread then waits without running
+/// anything else.
+pub(crate) fn fork<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    debug_assert!(may_fork());
+    kernel_pool().install(f)
+}
+
+/// The number of threads a forked kernel splits its work across.
+pub(crate) fn fork_threads() -> usize {
+    kernel_pool().current_num_threads()
 }
 
 /// Copy an operand into a new contiguous buffer of the same dtype.
@@ -131,9 +162,11 @@ pub(crate) fn map_unary<'a, T: Native, U: Native>(
         if l.is_contiguous() {
             let src = &src[l.offset..l.offset + n];
             if n >= PARALLEL_ELEMS && may_fork() {
-                out.par_chunks_mut(PARALLEL_ELEMS / 4)
-                    .zip(src.par_chunks(PARALLEL_ELEMS / 4))
-                    .for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &x)| *o = f(x)));
+                fork(|| {
+                    out.par_chunks_mut(PARALLEL_ELEMS / 4)
+                        .zip(src.par_chunks(PARALLEL_ELEMS / 4))
+                        .for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &x)| *o = f(x)))
+                });
             } else {
                 out.iter_mut().zip(src).for_each(|(o, &x)| *o = f(x));
             }
@@ -188,9 +221,11 @@ pub(crate) fn map_binary<'a, 'b, T: Native, U: Native>(
             let (sa, sb) = (&da[la.offset..la.offset + n], &db[lb.offset..lb.offset + n]);
             if n >= PARALLEL_ELEMS && may_fork() {
                 let c = PARALLEL_ELEMS / 4;
-                out.par_chunks_mut(c)
-                    .zip(sa.par_chunks(c).zip(sb.par_chunks(c)))
-                    .for_each(|(o, (x, y))| zip2(o, x, y, f));
+                fork(|| {
+                    out.par_chunks_mut(c)
+                        .zip(sa.par_chunks(c).zip(sb.par_chunks(c)))
+                        .for_each(|(o, (x, y))| zip2(o, x, y, f))
+                });
             } else {
                 zip2(out, sa, sb, f);
             }
@@ -378,18 +413,20 @@ pub(crate) fn reduce<'a, T: Native, A: Copy + Send + Sync>(
         // Whole lanes per task, about PARALLEL_ELEMS / 4 elements each; a task finds its
         // lanes' bases from their indices.
         let per_lane = (l.size() / n_out).max(1);
-        let v: Vec<A> = (0..n_out)
-            .into_par_iter()
-            .with_min_len((PARALLEL_ELEMS / 4).div_ceil(per_lane))
-            .map(|j| {
-                let (mut rest, mut base) = (j, l.offset as isize);
-                for (&d, &st) in kept_dims.iter().zip(&kept_strides).rev() {
-                    base += (rest % d) as isize * st;
-                    rest /= d;
-                }
-                lane(base)
-            })
-            .collect();
+        let v: Vec<A> = fork(|| {
+            (0..n_out)
+                .into_par_iter()
+                .with_min_len((PARALLEL_ELEMS / 4).div_ceil(per_lane))
+                .map(|j| {
+                    let (mut rest, mut base) = (j, l.offset as isize);
+                    for (&d, &st) in kept_dims.iter().zip(&kept_strides).rev() {
+                        base += (rest % d) as isize * st;
+                        rest /= d;
+                    }
+                    lane(base)
+                })
+                .collect()
+        });
         return Accs::from_vec(v);
     }
     let mut out = Accs::with_capacity(n_out);
@@ -511,12 +548,14 @@ pub(crate) fn reduce_outer<'a, T: Native, A: Copy + Send>(
         );
     };
     // Parts of at least 1,024 accumulators (whole cache lines, long runs per row).
-    let threads = rayon::current_num_threads();
+    let threads = fork_threads();
     if threads > 1 && l.size() >= PARALLEL_ELEMS && n_out >= 2 * 1024 && may_fork() {
         let part = n_out.div_ceil(threads).next_multiple_of(1024);
-        acc.par_chunks_mut(part)
-            .enumerate()
-            .for_each(|(k, p)| fill(k * part, p));
+        fork(|| {
+            acc.par_chunks_mut(part)
+                .enumerate()
+                .for_each(|(k, p)| fill(k * part, p))
+        });
     } else {
         fill(0, &mut acc);
     }
@@ -538,7 +577,11 @@ pub(crate) fn sum_row<T: Native>(data: &[T], start: isize, len: usize, stride: i
 }
 
 fn pairwise_sum<T: Native>(x: &[T]) -> T {
-    pairwise(x, may_fork())
+    if x.len() >= PARALLEL_ELEMS && may_fork() {
+        fork(|| pairwise(x, true))
+    } else {
+        pairwise(x, false)
+    }
 }
 
 /// [`pairwise_sum`]; `fork`, decided once at the top, splits large halves across
@@ -677,39 +720,42 @@ pub(crate) fn matmul_2d<T: Native>(
         if flops >= 1 << 21 && may_fork() && super::blas::matmul(m, n, k, &a, &b, out) {
             return;
         }
-        let par = if flops >= 1 << 21 && may_fork() {
-            gemm::Parallelism::Rayon(0)
-        } else {
-            gemm::Parallelism::None
+        let mut call = |par| {
+            // SAFETY: the asserts above keep every lhs/rhs element gemm reads inside
+            // `a.data` and `b.data` (index maps are affine, so every visited index lies
+            // between the lowest and highest corner, both checked in range), and `out`
+            // holds m*n contiguous elements written with row stride n, column stride 1.
+            // T is f32 or f64 (checked by TypeId), which gemm supports. `read_dst` is
+            // false, so the destination's old contents are not read.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    out.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.data.as_ptr().offset(a.off),
+                    a.cs,
+                    a.rs,
+                    b.data.as_ptr().offset(b.off),
+                    b.cs,
+                    b.rs,
+                    T::ZERO,
+                    T::ONE,
+                    false,
+                    false,
+                    false,
+                    par,
+                );
+            }
         };
-        // SAFETY: the asserts above keep every lhs/rhs element gemm reads inside `a.data`
-        // and `b.data` (index maps are affine, so every visited index lies between the
-        // lowest and highest corner, both checked in range), and `out` holds
-        // m*n contiguous elements written with row stride n, column stride 1. T is f32 or
-        // f64 (checked by TypeId), which gemm supports. `read_dst` is false, so the
-        // destination's old contents are not read.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                out.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                a.data.as_ptr().offset(a.off),
-                a.cs,
-                a.rs,
-                b.data.as_ptr().offset(b.off),
-                b.cs,
-                b.rs,
-                T::ZERO,
-                T::ONE,
-                false,
-                false,
-                false,
-                par,
-            );
+        if flops >= 1 << 21 && may_fork() {
+            // gemm splits its work on the pool it is called in: the kernel pool.
+            fork(|| call(gemm::Parallelism::Rayon(fork_threads())));
+        } else {
+            call(gemm::Parallelism::None);
         }
         return;
     }
@@ -1010,7 +1056,7 @@ mod tests {
             assert_eq!(threads_used(), HashSet::from([me]));
         }
         assert!(may_fork());
-        if rayon::current_num_threads() > 1 {
+        if fork_threads() > 1 {
             assert!(threads_used().iter().any(|&t| t != me));
         }
         // Called from inside a rayon task, a kernel runs on that task's thread alone.
