@@ -231,6 +231,21 @@ pub(crate) fn map_binary<'a, 'b, T: Native, U: Native>(
             }
             return;
         }
+        // A contiguous array and a single element (`x + b` with a [1] bias).
+        if la.shape == *shape && la.is_contiguous() && lb.size() == 1 {
+            let y = db[lb.offset];
+            out.iter_mut()
+                .zip(&da[la.offset..la.offset + n])
+                .for_each(|(o, &x)| *o = f(x, y));
+            return;
+        }
+        if lb.shape == *shape && lb.is_contiguous() && la.size() == 1 {
+            let x = da[la.offset];
+            out.iter_mut()
+                .zip(&db[lb.offset..lb.offset + n])
+                .for_each(|(o, &y)| *o = f(x, y));
+            return;
+        }
         let out_strides = shape.contiguous_strides();
         let (sa, sb) = (la.broadcast_strides(shape), lb.broadcast_strides(shape));
         for_each_row_any_order(
@@ -318,6 +333,17 @@ pub(crate) fn assign_binary<'a, 'b, T: Native>(
         data: db,
         layout: lb,
     } = b.into();
+    if lt.is_contiguous() && lb.shape == lt.shape && lb.is_contiguous() {
+        // The common case (`w -= g * lr`): two plain runs.
+        let n = lt.size();
+        if n > 0 {
+            let t = &mut dt[lt.offset..lt.offset + n];
+            for (p, &q) in t.iter_mut().zip(&db[lb.offset..lb.offset + n]) {
+                *p = f(*p, q);
+            }
+        }
+        return;
+    }
     let sb = lb.broadcast_strides(&lt.shape);
     let boff = lb.offset;
     for_each_row_any_order(
@@ -342,6 +368,15 @@ pub(crate) fn assign_unary<'a, T: Native>(
         data: dt,
         layout: lt,
     } = t.into();
+    if lt.is_contiguous() {
+        let n = lt.size();
+        if n > 0 {
+            dt[lt.offset..lt.offset + n]
+                .iter_mut()
+                .for_each(|p| *p = f(*p));
+        }
+        return;
+    }
     for_each_row_any_order(
         lt.shape.dims(),
         [&lt.strides],
