@@ -1057,8 +1057,8 @@ mod tests {
 
     /// Under [`NoFork`] (what the engine holds while it computes under a shard lock) a
     /// reduction big enough to split runs entirely on the calling thread; without it,
-    /// rayon's threads take part, unless the caller is itself a rayon task. Guards may
-    /// nest.
+    /// the kernel pool's threads (and only those) take part, unless the caller is itself
+    /// a rayon task. Guards may nest.
     #[test]
     fn kernels_do_not_fork_under_a_shard_lock() {
         use std::collections::HashSet;
@@ -1091,6 +1091,25 @@ mod tests {
             assert_eq!(threads_used(), HashSet::from([me]));
         }
         assert!(may_fork());
+        // A split kernel runs on the kernel pool alone: never on rayon's global pool,
+        // whose workers may be running user tasks.
+        let names = Mutex::new(HashSet::new());
+        let x = Strided {
+            data: &data,
+            layout: &l,
+        };
+        reduce_outer::<f32, f32>(x, &[0], 0.0, |acc, v| {
+            let t = std::thread::current();
+            names.lock().unwrap().insert(t.name().map(str::to_owned));
+            acc + v
+        });
+        let names = names.into_inner().unwrap();
+        assert!(
+            names.iter().all(|n| n
+                .as_deref()
+                .is_some_and(|n| n.starts_with("ndscope-kernel-"))),
+            "{names:?}"
+        );
         if fork_threads() > 1 {
             assert!(threads_used().iter().any(|&t| t != me));
         }
