@@ -2203,21 +2203,23 @@ fn ops_inside_rayon_tasks_whose_kernels_could_fork_never_deadlock() {
 }
 
 /// The stolen-writer hazard: rayon tasks (user code) write in place, on the global
-/// pool, an array that large ops on another thread keep reading. Each large op reads
+/// pool, an array that large ops on another thread read meanwhile. Each large op reads
 /// the array with no lock held (an outside read) and splits its kernel across threads;
 /// a writer waits, parked, until no outside read is in flight. If the kernel's splits
 /// ran on the same pool as the user's tasks, a worker waiting on a split could run a
 /// writer task meanwhile: that task would wait for the read to end, and the read (the
-/// kernel) for that worker. Every write and every read must complete, and each sum must
+/// kernel) for that worker. (This test timed out on 10b17d2, where kernels split on
+/// rayon's global pool.) Every write and every read must complete, and each sum must
 /// see a state between two whole writes.
 #[test]
 fn in_place_writes_from_rayon_tasks_never_wait_on_a_kernel_that_stole_them() {
     let _s = serial();
     let before = ndscope::memory();
+    // The smallest array whose sum splits across threads (kernels::PARALLEL_ELEMS).
+    let n = 1usize << 18;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let m = NDManager::new();
-        let n = 1usize << 20;
         let x = m.full([n], 0.0, DType::F32);
         let writes = iters(60);
         let writer = std::thread::spawn(move || {
@@ -2230,10 +2232,11 @@ fn in_place_writes_from_rayon_tasks_never_wait_on_a_kernel_that_stole_them() {
                 }
             });
         });
-        let mut sums = vec![];
-        while !writer.is_finished() {
-            sums.push(x.sum().to_scalar::<f32>().unwrap());
-        }
+        // A fixed number of sums while the writes are queued or running (reads do not
+        // wait for writers, so a loop until the writer finishes could starve it).
+        let mut sums: Vec<f32> = (0..writes)
+            .map(|_| x.sum().to_scalar::<f32>().unwrap())
+            .collect();
         writer.join().unwrap();
         sums.push(x.sum().to_scalar::<f32>().unwrap());
         m.close();
@@ -2243,15 +2246,14 @@ fn in_place_writes_from_rayon_tasks_never_wait_on_a_kernel_that_stole_them() {
         .recv_timeout(std::time::Duration::from_secs(120))
         .expect("in-place writes from rayon tasks and a large op's kernel deadlocked");
     // Every element is the number of writes done when the sum read it: a whole number
-    // of writes, times n (exact in f32 for these sizes as long as each sum is exact).
-    let n = (1usize << 20) as f32;
+    // of writes times n (exact in f32 at these sizes).
     for s in &sums {
-        let k = s / n;
+        let k = s / n as f32;
         assert!(
             k.fract() == 0.0 && k >= 0.0 && k <= writes as f32,
             "sum {s}"
         );
     }
-    assert_eq!(*sums.last().unwrap(), n * writes as f32);
+    assert_eq!(*sums.last().unwrap(), (n * writes) as f32);
     assert_eq!(ndscope::memory().live_arrays, before.live_arrays);
 }
