@@ -231,20 +231,14 @@ pub(crate) fn map_binary<'a, 'b, T: Native, U: Native>(
             }
             return;
         }
-        // A contiguous array and a single element (`x + b` with a [1] bias).
+        // A contiguous array and a single element (`x + b` with a [1] bias): one row
+        // with the single element's stride 0.
+        let (oa, ob) = (la.offset as isize, lb.offset as isize);
         if la.shape == *shape && la.is_contiguous() && lb.size() == 1 {
-            let y = db[lb.offset];
-            out.iter_mut()
-                .zip(&da[la.offset..la.offset + n])
-                .for_each(|(o, &x)| *o = f(x, y));
-            return;
+            return binary_row(out, da, oa, 1, db, ob, 0, f);
         }
         if lb.shape == *shape && lb.is_contiguous() && la.size() == 1 {
-            let x = da[la.offset];
-            out.iter_mut()
-                .zip(&db[lb.offset..lb.offset + n])
-                .for_each(|(o, &y)| *o = f(x, y));
-            return;
+            return binary_row(out, da, oa, 0, db, ob, 1, f);
         }
         let out_strides = shape.contiguous_strides();
         let (sa, sb) = (la.broadcast_strides(shape), lb.broadcast_strides(shape));
@@ -583,9 +577,10 @@ pub(crate) fn reduce_outer<'a, T: Native, A: Copy + Send>(
         );
     };
     // Parts of at least 1,024 accumulators (whole cache lines, long runs per row).
-    let threads = fork_threads();
-    if threads > 1 && l.size() >= PARALLEL_ELEMS && n_out >= 2 * 1024 && may_fork() {
-        let part = n_out.div_ceil(threads).next_multiple_of(1024);
+    // (The pool is asked for its size only when the work would fork: that starts it.)
+    let big = l.size() >= PARALLEL_ELEMS && n_out >= 2 * 1024 && may_fork();
+    if big && fork_threads() > 1 {
+        let part = n_out.div_ceil(fork_threads()).next_multiple_of(1024);
         fork(|| {
             acc.par_chunks_mut(part)
                 .enumerate()
