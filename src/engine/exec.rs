@@ -7,10 +7,12 @@
 //!   waits at most one small kernel. An input from another shard adds that shard's
 //!   lock for the duration of the small kernel.
 //! * **Snapshot path.** Large work reads
-//!   `Arc` snapshots of the input buffers with no lock held. Each snapshot is marked as
-//!   an outside read (under the lock of the buffer's shard) so that in-place writers,
-//!   which write under that lock, wait for it (parked, not spinning); then the result is
-//!   registered under this thread's shard lock.
+//!   `Arc` snapshots of the input buffers with no lock held. The snapshots are marked
+//!   as outside reads all at once (under the locks of the buffers' shards) so that
+//!   in-place writers, which write under those locks, wait for them (parked, not
+//!   spinning); a writer that waits announces itself, and outside reads that would
+//!   start meanwhile wait for it, holding nothing ([`take_snapshots`]). Then the result
+//!   is registered under this thread's shard lock.
 //! * **In-place writes** lock the shards of the target and the inputs, wait until no
 //!   outside read of the target's buffer is in flight, copy out inputs that alias the
 //!   target, and write.
@@ -253,10 +255,7 @@ fn run_op_unlocked(
     at: SourceLocation,
     f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,
 ) -> Result<ArrayId> {
-    let mut snaps = SmallVec::<[Snapshot; 3]>::new();
-    for &id in inputs {
-        snaps.push(Snapshot::take(id)?);
-    }
+    let mut snaps = take_snapshots(inputs)?;
     let mgr = snaps[0].manager;
     // Fail before computing if the result could not be registered.
     {
@@ -288,34 +287,73 @@ struct Snapshot {
     reading: bool,
 }
 
-impl Snapshot {
-    fn take(id: ArrayId) -> Result<Snapshot> {
-        let mut ctx = Ctx::read_only(&[id.shard]);
-        if matches!(ctx.array(id)?.store, Store::Own(_)) {
-            // A snapshot shares the buffer: move it into a buffer record first.
-            drop(ctx);
-            ctx = Ctx::one(id.shard);
-            ctx.array(id)?;
-            ctx.sh(id.shard).share(id);
+/// Snapshots of every input, marked as outside reads all at once, under the locks of
+/// their shards (which writers hold).
+///
+/// An input whose buffer an announced writer is waiting to write is not read now: the
+/// op releases everything, waits for that writer, and starts over. It holds no read
+/// while it waits, so readers and writers never wait on each other in a cycle (a read
+/// taken input by input could hold one buffer while it waits for another's writer,
+/// whose thread may wait for a read of the first). Writers thus get their turn however
+/// many large reads keep coming.
+fn take_snapshots(inputs: &[ArrayId]) -> Result<SmallVec<[Snapshot; 3]>> {
+    let shards: Shards = inputs.iter().map(|i| i.shard).collect();
+    loop {
+        let mut ctx = Ctx::read_only(&shards);
+        let mut own = false;
+        for &id in inputs {
+            own |= matches!(ctx.array(id)?.store, Store::Own(_));
         }
-        let r = ctx.array(id)?;
-        let Store::Shared(b) = r.store else {
-            unreachable!("shared above")
-        };
-        let buf = ctx.buffer(b).buf.clone();
-        // Marked under the lock of the buffer's shard, which writers hold.
-        buf.begin_outside_read();
-        Ok(Snapshot {
-            buf,
-            layout: r.layout.clone(),
-            dtype: r.dtype,
-            id,
-            created_at: r.created_at,
-            manager: r.manager,
-            reading: true,
-        })
+        if own {
+            // A snapshot shares the buffer: move own buffers into buffer records first.
+            drop(ctx);
+            ctx = Ctx::set(&shards);
+            for &id in inputs {
+                ctx.array(id)?;
+                ctx.sh(id.shard).share(id);
+            }
+        }
+        // The buffer record of each input (all shared now).
+        let bufs: SmallVec<[&Arc<Buffer>; 3]> = inputs
+            .iter()
+            .map(|&id| match ctx.array(id).expect("checked above").store {
+                Store::Shared(b) => &ctx.buffer(b).buf,
+                Store::Own(_) => unreachable!("shared above"),
+            })
+            .collect();
+        if let Some(buf) = bufs.iter().find(|b| b.has_writers()) {
+            let buf = Arc::clone(buf);
+            drop(bufs);
+            drop(ctx);
+            wait_for_writers(&buf);
+            continue;
+        }
+        let mut snaps: SmallVec<[Snapshot; 3]> = inputs
+            .iter()
+            .zip(bufs)
+            .map(|(&id, buf)| {
+                let r = ctx.array(id).expect("checked above");
+                Snapshot {
+                    buf: buf.clone(),
+                    layout: r.layout.clone(),
+                    dtype: r.dtype,
+                    id,
+                    created_at: r.created_at,
+                    manager: r.manager,
+                    reading: false,
+                }
+            })
+            .collect();
+        // Marked under the locks of the buffers' shards, which writers hold.
+        for s in &mut snaps {
+            s.buf.begin_outside_read();
+            s.reading = true;
+        }
+        return Ok(snaps);
     }
+}
 
+impl Snapshot {
     fn operand(&self) -> Operand<'_> {
         Operand {
             buf: &self.buf,
@@ -357,14 +395,44 @@ fn end_outside_read(buf: &Buffer) {
 }
 
 /// Park until `buf` has no outside reader (re-checked by the caller under its lock).
+/// The caller has announced itself ([`WriterTurn`]), so no new outside read starts.
 fn wait_for_readers(buf: &Buffer) {
     let mut g = READS_DONE.0.lock();
-    buf.announce_writer();
     while buf.has_outside_readers() {
-        // A timeout bounds a notify that raced ahead of the announcement.
+        // (The last reader notifies under this mutex; the timeout is a safety net.)
         READS_DONE
             .1
             .wait_for(&mut g, std::time::Duration::from_millis(1));
+    }
+}
+
+/// Park until no announced writer of `buf` is left.
+fn wait_for_writers(buf: &Buffer) {
+    let mut g = READS_DONE.0.lock();
+    while buf.has_writers() {
+        READS_DONE
+            .1
+            .wait_for(&mut g, std::time::Duration::from_millis(1));
+    }
+}
+
+/// An in-place writer's announcement on a buffer with reads in flight: while it lives,
+/// new outside reads of the buffer wait. Dropped once the write is done (or failed).
+struct WriterTurn(Arc<Buffer>);
+
+impl WriterTurn {
+    fn announce(buf: Arc<Buffer>) -> WriterTurn {
+        buf.announce_writer();
+        WriterTurn(buf)
+    }
+}
+
+impl Drop for WriterTurn {
+    fn drop(&mut self) {
+        if self.0.writer_done() {
+            let _g = READS_DONE.0.lock();
+            READS_DONE.1.notify_all();
+        }
     }
 }
 
@@ -477,16 +545,23 @@ pub(crate) fn run_inplace(
         }
     };
     // Wait until no op reads the target outside a lock (they hold none, so they
-    // finish; new ones cannot start while we hold the shards of the buffer's records).
+    // finish; new ones cannot start while we hold the shards of the buffer's records,
+    // nor, once we are announced, while we wait). Declared before the locks, so that
+    // the announcement ends after the write, once the locks are released.
+    let mut turn: Option<WriterTurn> = None;
     let ctx = loop {
         let ctx = lock_needed(&first, need);
         // An array that owns its buffer has no outside reader (a snapshot shares it).
         let Store::Shared(b) = ctx.array(target)?.store else {
             break ctx;
         };
-        let buf = ctx.buffer(b).buf.clone();
+        let buf = &ctx.buffer(b).buf;
         if !buf.has_outside_readers() {
             break ctx;
+        }
+        let buf = buf.clone();
+        if !turn.as_ref().is_some_and(|t| Arc::ptr_eq(&t.0, &buf)) {
+            turn = Some(WriterTurn::announce(buf.clone()));
         }
         drop(ctx);
         wait_for_readers(&buf);

@@ -4,14 +4,16 @@
 //! A [`Buffer`] is always fully initialised (fresh blocks are zeroed; reused blocks hold
 //! old values), so typed slices over it are valid for every native type. Who may read
 //! or write is decided by the registry (see `engine/mod.rs`): writes happen only under
-//! the engine lock with no reader outside it, which `outside_readers` counts.
+//! the engine lock with no reader outside it, which `outside_readers` counts; a writer
+//! that finds reads in flight announces itself (`writers`), and outside reads that
+//! would start meanwhile wait for it (see `engine/exec.rs`).
 
 use crate::dtype::Native;
 use crate::error::{NdError, Result};
 use std::ptr::NonNull;
 
 pub(crate) mod pool;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Alignment of every buffer, in bytes (a cache line; enough for any SIMD width).
 pub(crate) const ALIGN: usize = 64;
@@ -30,8 +32,9 @@ pub(crate) struct Buffer {
     class: u32,
     /// Number of ops currently reading this buffer without holding a shard lock.
     outside_readers: AtomicUsize,
-    /// Set by an in-place writer that parks until the outside reads end.
-    writer_waiting: AtomicBool,
+    /// In-place writers that found outside reads in flight and have not written yet:
+    /// new outside reads wait for them, so a stream of reads cannot starve a writer.
+    writers: AtomicUsize,
 }
 
 /// Element types whose bytes a [`Buffer`] may be viewed as: every bit pattern of
@@ -73,7 +76,7 @@ impl Buffer {
             bytes: 0,
             class: pool::NO_CLASS,
             outside_readers: AtomicUsize::new(0),
-            writer_waiting: AtomicBool::new(false),
+            writers: AtomicUsize::new(0),
         }
     }
 
@@ -100,7 +103,7 @@ impl Buffer {
             bytes,
             class,
             outside_readers: AtomicUsize::new(0),
-            writer_waiting: AtomicBool::new(false),
+            writers: AtomicUsize::new(0),
         })
     }
 
@@ -161,22 +164,36 @@ impl Buffer {
     }
 
     pub(crate) fn begin_outside_read(&self) {
-        self.outside_readers.fetch_add(1, Ordering::AcqRel);
+        self.outside_readers.fetch_add(1, Ordering::SeqCst);
     }
+
+    // SeqCst throughout: a reader ends (readers down, then writers read) while a writer
+    // announces (writers up, then readers read); one of them must see the other.
 
     /// Ends an outside read; true when it was the last one and a writer waits for it.
     pub(crate) fn end_outside_read(&self) -> bool {
-        self.outside_readers.fetch_sub(1, Ordering::AcqRel) == 1
-            && self.writer_waiting.swap(false, Ordering::AcqRel)
+        self.outside_readers.fetch_sub(1, Ordering::SeqCst) == 1 && self.has_writers()
     }
 
-    /// An in-place writer is about to park until the outside reads end.
+    /// An in-place writer found outside reads in flight: until [`Buffer::writer_done`],
+    /// new outside reads wait.
     pub(crate) fn announce_writer(&self) {
-        self.writer_waiting.store(true, Ordering::Release);
+        self.writers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// An announced writer has written (or given up); true when it was the last one, so
+    /// that the reads waiting for it may start.
+    pub(crate) fn writer_done(&self) -> bool {
+        self.writers.fetch_sub(1, Ordering::SeqCst) == 1
+    }
+
+    /// Whether an announced writer has not written yet.
+    pub(crate) fn has_writers(&self) -> bool {
+        self.writers.load(Ordering::SeqCst) != 0
     }
 
     pub(crate) fn has_outside_readers(&self) -> bool {
-        self.outside_readers.load(Ordering::Acquire) != 0
+        self.outside_readers.load(Ordering::SeqCst) != 0
     }
 
     /// Address identity, used to detect aliasing between an in-place target and inputs.

@@ -2232,8 +2232,7 @@ fn in_place_writes_from_rayon_tasks_never_wait_on_a_kernel_that_stole_them() {
                 }
             });
         });
-        // A fixed number of sums while the writes are queued or running (reads do not
-        // wait for writers, so a loop until the writer finishes could starve it).
+        // A fixed number of sums while the writes are queued or running.
         let mut sums: Vec<f32> = (0..writes)
             .map(|_| x.sum().to_scalar::<f32>().unwrap())
             .collect();
@@ -2255,5 +2254,63 @@ fn in_place_writes_from_rayon_tasks_never_wait_on_a_kernel_that_stole_them() {
         );
     }
     assert_eq!(*sums.last().unwrap(), (n * writes) as f32);
+    assert_eq!(ndscope::memory().live_arrays, before.live_arrays);
+}
+
+/// Writers are not starved by a stream of large reads (docs/ownership.md, "Threads"):
+/// three threads sum a large array over and over, each sum reading it with no lock
+/// held (an outside read), so that some read is nearly always in flight; a fourth
+/// thread writes it in place a fixed number of times. A writer waits for the reads in
+/// flight to end, and reads that start meanwhile wait for it, so every write completes
+/// while the readers keep reading (readers stop only once the writes are done). Each
+/// sum sees a state between two whole writes.
+#[test]
+fn in_place_writes_complete_while_large_reads_keep_coming() {
+    let _s = serial();
+    let before = ndscope::memory();
+    let n = 1usize << 18;
+    let writes = iters(40);
+    let m = NDManager::new();
+    let x = m.full([n], 0.0, DType::F32);
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut sums = Vec::new();
+                while !done.load(Ordering::Acquire) {
+                    let s = x.sum();
+                    sums.push(s.to_scalar::<f32>().unwrap());
+                    s.close();
+                }
+                sums
+            })
+        })
+        .collect();
+    let (tx, rx) = channel();
+    let writer = std::thread::spawn(move || {
+        for _ in 0..writes {
+            let mut x = x;
+            x += 1.0;
+        }
+        let _ = tx.send(());
+    });
+    let finished = rx.recv_timeout(std::time::Duration::from_secs(60));
+    done.store(true, Ordering::Release);
+    let sums: Vec<f32> = readers
+        .into_iter()
+        .flat_map(|r| r.join().unwrap())
+        .collect();
+    writer.join().unwrap();
+    finished.expect("in-place writes starved by a stream of large reads");
+    for s in &sums {
+        let k = s / n as f32;
+        assert!(
+            k.fract() == 0.0 && k >= 0.0 && k <= writes as f32,
+            "sum {s}"
+        );
+    }
+    assert_eq!(x.sum().to_scalar::<f32>().unwrap(), (n * writes) as f32);
+    m.close();
     assert_eq!(ndscope::memory().live_arrays, before.live_arrays);
 }
