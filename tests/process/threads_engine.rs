@@ -2314,3 +2314,68 @@ fn in_place_writes_complete_while_large_reads_keep_coming() {
     m.close();
     assert_eq!(ndscope::memory().live_arrays, before.live_arrays);
 }
+
+/// Large ops reading two arrays while other threads write each of them in place: an op
+/// that held the read of one input while it waited for the other's writer could close
+/// a cycle (op 1 reads X and waits for Y's writer, which waits for op 2's read of Y,
+/// which waits for X's writer, which waits for op 1's read of X). An op takes all its
+/// reads at once and waits holding none, so every op and every write completes, and
+/// each result sees whole writes of both inputs.
+#[test]
+fn two_input_reads_and_writes_of_both_inputs_never_wait_in_a_cycle() {
+    let _s = serial();
+    let before = ndscope::memory();
+    let n = 1usize << 17; // two inputs: 2^18 elements read outside the locks
+    let rounds = iters(40);
+    let m = NDManager::new();
+    let x = m.full([n], 0.0, DType::F32);
+    let y = m.full([n], 0.0, DType::F32);
+    let (tx, rx) = channel();
+    let mut threads = Vec::new();
+    for (a, b) in [(x, y), (y, x)] {
+        let tx = tx.clone();
+        threads.push(std::thread::spawn(move || {
+            let mut sums = Vec::new();
+            for _ in 0..rounds {
+                let s = a + b;
+                let t = s.sum();
+                sums.push(t.to_scalar::<f32>().unwrap());
+                s.close();
+                t.close();
+            }
+            tx.send(sums).unwrap();
+        }));
+    }
+    for t in [x, y] {
+        let tx = tx.clone();
+        threads.push(std::thread::spawn(move || {
+            for _ in 0..rounds {
+                let mut t = t;
+                t += 1.0;
+            }
+            tx.send(Vec::new()).unwrap();
+        }));
+    }
+    let mut sums = Vec::new();
+    for _ in 0..4 {
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("reads of two inputs and writes of both deadlocked");
+        sums.extend(got);
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    // Each element of x + y is the number of writes of x plus those of y it saw.
+    for s in &sums {
+        let k = s / n as f32;
+        assert!(
+            k.fract() == 0.0 && k >= 0.0 && k <= 2.0 * rounds as f32,
+            "sum {s}"
+        );
+    }
+    let total = (x + y).sum().to_scalar::<f32>().unwrap();
+    assert_eq!(total, (2 * n * rounds) as f32);
+    m.close();
+    assert_eq!(ndscope::memory().live_arrays, before.live_arrays);
+}
