@@ -8,16 +8,20 @@
 # first build. Extra arguments (e.g. --quick) go to all three programs.
 # Then the nn workloads (conv2d_fwd_bwd_us, cross_entropy_fwd_bwd_us) against
 # bench/torch_nn_bench.py: PyTorch with one thread where it is installed, else numpy.
+# Also the floor of the small-op path (bench/floor) beside candle-core's add10.
 # Usage: bench/compare.sh [--quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --example bench >/dev/null 2>&1
 cargo build --release --manifest-path bench/candle/Cargo.toml >/dev/null 2>&1
+cargo build --release --manifest-path bench/floor/Cargo.toml >/dev/null 2>&1
 nd=$(./target/release/examples/bench --json "$@")
 # candle hands even tiny matmuls to rayon when it has several threads, which makes
 # every workload here several times slower (see bench/candle/src/main.rs); 1 thread is
 # its best setting for them. CANDLE_RAYON_THREADS=N overrides it.
 ca=$(RAYON_NUM_THREADS="${CANDLE_RAYON_THREADS:-1}" bench/candle/target/release/candle-bench --json "$@")
+# The floor of the small-op path (bench/floor), in the same minute as candle's add10.
+fl=$(bench/floor/target/release/floor-bench --json "$@")
 # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE may be set on this machine for old OpenBLAS
 # builds; they slow a current numpy, so unset them for the numpy run only.
 np=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python3 bench/numpy_bench.py "$@")
@@ -43,6 +47,15 @@ for key in nd:
         continue
     print(f"{key:42} {show(a):>10} {show(b):>10} {show(c):>10} "
           f"{show(ratio(a, b), '{:.2f}x'):>10} {show(ratio(a, c), '{:.2f}x'):>10}")
+PY
+echo "$fl"
+python3 - "$fl" "$ca" <<'PY'
+import json, sys
+fl, ca = (json.loads(a) for a in sys.argv[1:3])
+f, c = fl.get("floor_add10_ns"), ca.get("add10_ns")
+r = "-" if f is None or not c else f"{f / c:.2f}x"
+print(f"{'add10 floor (bench/floor; ndscope alongside)':42} {f:>10} {c if c is not None else '-':>10} {'floor/candle':>12} {r}"
+      f"   (ndscope in the same process: {fl.get('ndscope_add10_ns')} ns)")
 PY
 tn=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python3 bench/torch_nn_bench.py "$@")
 echo "$tn"

@@ -27,8 +27,9 @@
 //!
 //! `cargo run --release --manifest-path bench/floor/Cargo.toml` prints ndscope's
 //! `add10` (the same loop as `examples/bench.rs`) and the lean path's, alternated in one
-//! process, and the two lock round trips alone. `-- --iters N` runs each loop N times
-//! once (for callgrind: `--only lean` or `--only ndscope`).
+//! process, and the two lock round trips alone (`-- --json`: one JSON line;
+//! `bench/compare.sh` runs it right after candle-core). `-- --iters N` runs each loop
+//! N times once (for callgrind: `--only lean` or `--only ndscope`).
 
 use parking_lot::RwLock;
 use std::alloc::Layout;
@@ -420,18 +421,31 @@ fn main() {
         }
         return;
     }
-    // Alternated rounds, so both see the same machine.
+    // Alternated rounds, so both see the same machine (`--quick`: a smoke run whose
+    // figures mean nothing).
+    let quick = args.iter().any(|a| a == "--quick");
+    let (rounds, reps, calls) = if quick {
+        (1, 1, 2_000)
+    } else {
+        (5, 15, 200_000)
+    };
     let (mut nd, mut le, mut lk) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..5 {
-        nd.push(median_ns(15, 200_000, &mut ndscope_add10));
-        le.push(median_ns(15, 200_000, &mut lean_add10));
-        lk.push(median_ns(15, 200_000, &mut two_locks));
+    for _ in 0..rounds {
+        nd.push(median_ns(reps, calls, &mut ndscope_add10));
+        le.push(median_ns(reps, calls, &mut lean_add10));
+        lk.push(median_ns(reps, calls, &mut two_locks));
     }
     let med = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     let (nd, le, lk) = (med(&mut nd), med(&mut le), med(&mut lk));
+    if args.iter().any(|a| a == "--json") {
+        println!(
+            "{{\"impl\":\"floor\",\"ndscope_add10_ns\":{nd:.1},\"floor_add10_ns\":{le:.1},\"two_lock_trips_ns\":{lk:.1}}}"
+        );
+        return;
+    }
     println!("add10 + close, median of 5 alternated rounds (each the median of 15 x 200,000):");
     println!("  ndscope        {nd:7.1} ns");
     println!(
