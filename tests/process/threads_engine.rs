@@ -40,6 +40,19 @@ fn iters(n: usize) -> usize {
     (n * env_or("NDSCOPE_THREADS_SCALE", 100) as usize / 100).max(1)
 }
 
+/// Each sum of an `n`-element array, written in place by adding 1 to every element at
+/// most `max_writes` times, is a whole number of writes times `n`: no read saw a write
+/// half done (exact in f32 at the sizes used).
+fn assert_whole_writes(sums: &[f32], n: usize, max_writes: usize) {
+    for s in sums {
+        let k = s / n as f32;
+        assert!(
+            k.fract() == 0.0 && k >= 0.0 && k <= max_writes as f32,
+            "sum {s}"
+        );
+    }
+}
+
 /// `h.close()`, returning the location the engine records for it.
 #[track_caller]
 fn close_here(h: NDArray) -> SourceLocation {
@@ -2244,15 +2257,7 @@ fn in_place_writes_from_rayon_tasks_never_wait_on_a_kernel_that_stole_them() {
     let (sums, writes) = rx
         .recv_timeout(std::time::Duration::from_secs(120))
         .expect("in-place writes from rayon tasks and a large op's kernel deadlocked");
-    // Every element is the number of writes done when the sum read it: a whole number
-    // of writes times n (exact in f32 at these sizes).
-    for s in &sums {
-        let k = s / n as f32;
-        assert!(
-            k.fract() == 0.0 && k >= 0.0 && k <= writes as f32,
-            "sum {s}"
-        );
-    }
+    assert_whole_writes(&sums, n, writes);
     assert_eq!(*sums.last().unwrap(), (n * writes) as f32);
     assert_eq!(ndscope::memory().live_arrays, before.live_arrays);
 }
@@ -2303,13 +2308,7 @@ fn in_place_writes_complete_while_large_reads_keep_coming() {
         .collect();
     writer.join().unwrap();
     finished.expect("in-place writes starved by a stream of large reads");
-    for s in &sums {
-        let k = s / n as f32;
-        assert!(
-            k.fract() == 0.0 && k >= 0.0 && k <= writes as f32,
-            "sum {s}"
-        );
-    }
+    assert_whole_writes(&sums, n, writes);
     assert_eq!(x.sum().to_scalar::<f32>().unwrap(), (n * writes) as f32);
     m.close();
     assert_eq!(ndscope::memory().live_arrays, before.live_arrays);
@@ -2367,13 +2366,7 @@ fn two_input_reads_and_writes_of_both_inputs_never_wait_in_a_cycle() {
         t.join().unwrap();
     }
     // Each element of x + y is the number of writes of x plus those of y it saw.
-    for s in &sums {
-        let k = s / n as f32;
-        assert!(
-            k.fract() == 0.0 && k >= 0.0 && k <= 2.0 * rounds as f32,
-            "sum {s}"
-        );
-    }
+    assert_whole_writes(&sums, n, 2 * rounds);
     let total = (x + y).sum().to_scalar::<f32>().unwrap();
     assert_eq!(total, (2 * n * rounds) as f32);
     m.close();
