@@ -39,8 +39,8 @@
 #![cfg_attr(not(feature = "io"), allow(rustdoc::broken_intra_doc_links))]
 
 use crate::array::gather::index_select_kernel;
+use crate::backend::cpu::new_overwritten;
 use crate::dtype::dispatch;
-use crate::engine::storage::new_overwritten;
 use crate::engine::{self, Output};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use crate::{NDArray, Shape};

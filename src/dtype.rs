@@ -60,11 +60,33 @@ mod sealed {
     pub trait Sealed {}
 }
 
+/// Element types whose bytes a buffer may be viewed as: every bit pattern of
+/// `size_of::<Self>()` bytes is a valid value, there is no padding, and the alignment
+/// is at most 64 (a buffer's). `Buffer::slice` (the CPU backend) relies on it, so implementing it is
+/// `unsafe`; the engine implements it for the five machine types and `Native` (the
+/// kernels' element trait) requires it.
+///
+/// # Safety
+/// Implement only for types meeting the three conditions above.
+pub(crate) unsafe trait Plain: Copy + 'static {}
+
+// SAFETY: primitive integers and floats: no padding, every bit pattern valid (NaN
+// payloads included), alignment <= 8.
+unsafe impl Plain for u8 {}
+// SAFETY: as above.
+unsafe impl Plain for i32 {}
+// SAFETY: as above.
+unsafe impl Plain for i64 {}
+// SAFETY: as above.
+unsafe impl Plain for f32 {}
+// SAFETY: as above.
+unsafe impl Plain for f64 {}
+
 /// The machine type an array's bytes hold (`Bool` is held as `u8`). Kernels are
 /// written once over this trait and instantiated per dtype by `dispatch!`. Buffers
-/// are viewed as slices of it, which the engine's `unsafe trait Plain` guarantees sound.
+/// are viewed as slices of it, which [`Plain`] guarantees sound.
 pub(crate) trait Native:
-    crate::engine::storage::Plain + Copy + Send + Sync + PartialOrd + PartialEq + fmt::Debug + 'static
+    Plain + Copy + Send + Sync + PartialOrd + PartialEq + fmt::Debug + 'static
 {
     const ZERO: Self;
     const ONE: Self;

@@ -203,12 +203,14 @@
 
 mod array;
 mod autograd;
+mod backend;
 pub mod data;
 mod diag;
 mod dtype;
 mod engine;
 mod error;
 pub mod io;
+mod layout;
 mod manager;
 pub mod nn;
 pub mod optim;

@@ -1,11 +1,12 @@
 //! [`NDManager`]: the tree of owners. Every array has exactly one owning manager;
 //! closing a manager closes its sub-managers and frees every array it owns.
 
+use crate::backend::cpu::new_filled;
 use crate::diag::{MemoryStats, human_bytes};
 #[allow(unused_imports)]
 use crate::dtype::Element as _;
 use crate::dtype::{Element, Native, dispatch};
-use crate::engine::{self, MgrId, Resource, storage::new_filled};
+use crate::engine::{self, MgrId, Resource};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use crate::random;
 use crate::{DType, NDArray, Shape};

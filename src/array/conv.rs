@@ -11,12 +11,13 @@ use super::NDArray;
 use super::nn::{Saved, float_operands};
 use crate::DType;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
+use crate::backend::cpu;
+use crate::backend::cpu::{Mat, matmul_2d};
+use crate::backend::cpu::{new_filled, new_overwritten};
 use crate::dtype::{Native, dispatch_float};
-use crate::engine::kernels::{Mat, matmul_2d};
-use crate::engine::layout::Layout;
-use crate::engine::storage::{new_filled, new_overwritten};
-use crate::engine::{self, ArrayId, Buffer, Operand, Output, kernels};
+use crate::engine::{self, ArrayId, Buffer, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::layout::Layout;
 use crate::shape::Shape;
 use rayon::prelude::*;
 use smallvec::{SmallVec, smallvec};
@@ -213,8 +214,8 @@ pub(crate) fn im2col<T: Native>(
         }
     };
     let col = &mut col[..rows * ncols];
-    if rows * ncols >= PARALLEL_WORK && kernels::may_fork() {
-        kernels::fork(|| {
+    if rows * ncols >= PARALLEL_WORK && cpu::may_fork() {
+        cpu::fork(|| {
             col.par_chunks_mut(ncols)
                 .enumerate()
                 .for_each(|(r, d)| fill_row(r, d))
@@ -273,8 +274,8 @@ pub(crate) fn col2im<T: Native>(
     for b in 0..nb {
         let start = ((n0 + b) * g.c + c0) * plane;
         let planes = &mut dx[start..start + cg * plane];
-        if cg * plane * g.kh * g.kw >= PARALLEL_WORK && kernels::may_fork() {
-            kernels::fork(|| {
+        if cg * plane * g.kh * g.kw >= PARALLEL_WORK && cpu::may_fork() {
+            cpu::fork(|| {
                 planes
                     .par_chunks_mut(plane)
                     .enumerate()
@@ -335,7 +336,7 @@ fn weight_slice<'a, T: Native>(w: &'a Operand<'_>, owned: &'a mut Vec<T>) -> (&'
     if w.layout.is_contiguous() {
         (w.data::<T>(), w.layout.offset)
     } else {
-        *owned = kernels::to_vec::<T>(w);
+        *owned = cpu::to_vec::<T>(w);
         (owned.as_slice(), 0)
     }
 }
@@ -354,7 +355,7 @@ fn conv2d_kernel<T: Native>(
     let total = g.n * o_count * lsz;
     let mut owned = Vec::new();
     let (wd, woff) = weight_slice::<T>(w, &mut owned);
-    let bias: Option<Vec<T>> = bias.map(|b| kernels::to_vec::<T>(b));
+    let bias: Option<Vec<T>> = bias.map(|b| cpu::to_vec::<T>(b));
     let xd = x.data::<T>();
     let nb_max = chunk(g, k);
     with_scratch::<T, _>(k * nb_max * lsz, |col| {
@@ -611,7 +612,7 @@ fn conv2d_impl(
         let g = conv2d_geom(xo, wo, bo, &win, groups)?;
         let o_count = wo.shape().dims()[0];
         let buf = dispatch_float!(xo.dtype, T => conv2d_kernel::<T>(xo, wo, bo, &g, o_count, groups)?,
-            else return Err(kernels::unsupported(OP, xo)));
+            else return Err(engine::unsupported(OP, xo)));
         geom = Some(g);
         Ok(Output::New {
             buf,
@@ -647,7 +648,7 @@ impl Backward for Conv2dRule {
             let id = engine::run_op("conv2d_grad_input", &[gr.id, w.id], here, |o| {
                 let buf = dispatch_float!(o[0].dtype,
                     T => conv2d_grad_input_kernel::<T>(&o[0], &o[1], &g, groups)?,
-                    else return Err(kernels::unsupported("conv2d_grad_input", &o[0])));
+                    else return Err(engine::unsupported("conv2d_grad_input", &o[0])));
                 Ok(Output::New {
                     buf,
                     shape: Shape::from([g.n, g.c, g.h, g.w]),
@@ -663,7 +664,7 @@ impl Backward for Conv2dRule {
             let id = engine::run_op("conv2d_grad_weight", &[x.id, gr.id], here, |o| {
                 let buf = dispatch_float!(o[0].dtype,
                     T => conv2d_grad_weight_kernel::<T>(&o[0], &o[1], &g, groups)?,
-                    else return Err(kernels::unsupported("conv2d_grad_weight", &o[0])));
+                    else return Err(engine::unsupported("conv2d_grad_weight", &o[0])));
                 Ok(Output::New {
                     buf,
                     shape,
@@ -744,8 +745,8 @@ pub(crate) fn max_pool_kernel<T: Native>(
     if lsz == 0 {
         return;
     }
-    if out.len() * g.kh * g.kw >= PARALLEL_WORK && kernels::may_fork() {
-        kernels::fork(|| {
+    if out.len() * g.kh * g.kw >= PARALLEL_WORK && cpu::may_fork() {
+        cpu::fork(|| {
             out.par_chunks_mut(lsz)
                 .zip(arg.par_chunks_mut(lsz))
                 .enumerate()
@@ -785,8 +786,8 @@ pub(crate) fn avg_pool_kernel<T: Native>(x: &[T], l: &Layout, g: &Geom, out: &mu
     if lsz == 0 {
         return;
     }
-    if out.len() * g.kh * g.kw >= PARALLEL_WORK && kernels::may_fork() {
-        kernels::fork(|| {
+    if out.len() * g.kh * g.kw >= PARALLEL_WORK && cpu::may_fork() {
+        cpu::fork(|| {
             out.par_chunks_mut(lsz)
                 .enumerate()
                 .for_each(|(p, o)| plane(p, o))
@@ -880,7 +881,7 @@ fn pool_impl(
             Pool::Avg => new_overwritten::<T>(total, |out| {
                 avg_pool_kernel::<T>(a.data::<T>(), a.layout, &g, out)
             })?,
-        }, else return Err(kernels::unsupported(op, a)));
+        }, else return Err(engine::unsupported(op, a)));
         saved = Some((g, shape.clone(), arg));
         Ok(Output::New {
             buf,
@@ -931,7 +932,7 @@ impl Backward for PoolRule {
         let id = engine::run_op(op, &ids, Location::caller(), |o| {
             let gv = &o[0];
             let buf = dispatch_float!(gv.dtype, T => {
-                let gd = kernels::to_vec::<T>(gv);
+                let gd = cpu::to_vec::<T>(gv);
                 let plane = g.h * g.w;
                 let lsz = g.l();
                 new_filled::<T>(shape.size(), |dx| {
@@ -940,7 +941,7 @@ impl Backward for PoolRule {
                     }
                     match kind {
                         Pool::Max => {
-                            let arg = kernels::to_vec::<i64>(&o[1]);
+                            let arg = cpu::to_vec::<i64>(&o[1]);
                             for (p, d) in dx.chunks_mut(plane).enumerate() {
                                 let (gs, a) = (&gd[p * lsz..][..lsz], &arg[p * lsz..][..lsz]);
                                 for (&v, &i) in gs.iter().zip(a) {
@@ -971,7 +972,7 @@ impl Backward for PoolRule {
                         }
                     }
                 })?
-            }, else return Err(kernels::unsupported(op, gv)));
+            }, else return Err(engine::unsupported(op, gv)));
             Ok(Output::New {
                 buf,
                 shape: shape.clone(),

@@ -5,11 +5,11 @@
 
 use super::NDArray;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
+use crate::backend::cpu::new_overwritten;
 use crate::dtype::{Native, dispatch_float};
-use crate::engine::layout::for_each_row;
-use crate::engine::storage::new_overwritten;
-use crate::engine::{self, ArrayId, Layout, Output, kernels};
+use crate::engine::{self, ArrayId, Layout, Output};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::layout::for_each_row;
 use crate::scope::NDScope;
 use smallvec::{SmallVec, smallvec};
 use std::panic::Location;
@@ -72,7 +72,7 @@ fn dropout_impl(x: NDArray, p: f64, training: bool, at: SourceLocation) -> Resul
             let bits = &bits[m.layout.offset..m.layout.offset + m.layout.size()];
             let buf = dispatch_float!(a.dtype, T => new_overwritten::<T>(a.layout.size(), |out| {
                 dropout_kernel(a.data::<T>(), a.layout, bits, T::from_f64(scale), out)
-            })?, else return Err(kernels::unsupported(OP, a)));
+            })?, else return Err(engine::unsupported(OP, a)));
             Ok(Output::New {
                 buf,
                 shape: a.shape().clone(),

@@ -16,11 +16,12 @@ use super::ops::same_dtype;
 use super::shape_ops::normalize_axis;
 use crate::DType;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
+use crate::backend::cpu;
+use crate::backend::cpu::{new_filled, new_overwritten};
 use crate::dtype::{Native, dispatch};
-use crate::engine::layout::for_each_row;
-use crate::engine::storage::{new_filled, new_overwritten};
-use crate::engine::{self, Layout, Operand, Output, kernels};
+use crate::engine::{self, Layout, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::layout::for_each_row;
 use crate::shape::{Dims, Shape};
 use smallvec::smallvec;
 use std::panic::Location;
@@ -284,8 +285,8 @@ pub(crate) fn masked_fill_kernel<T: Copy>(
 /// arrays are `UnsupportedDType`.
 fn index_values(op: &'static str, ix: &Operand<'_>) -> Result<Vec<i64>> {
     match ix.dtype {
-        DType::F32 | DType::F64 | DType::Bool => Err(kernels::unsupported(op, ix)),
-        _ => Ok(dispatch!(ix.dtype, T => kernels::to_vec::<T>(ix)
+        DType::F32 | DType::F64 | DType::Bool => Err(engine::unsupported(op, ix)),
+        _ => Ok(dispatch!(ix.dtype, T => cpu::to_vec::<T>(ix)
             .into_iter()
             .map(Native::to_i64)
             .collect())),
@@ -397,7 +398,7 @@ pub(crate) fn index_add(
             ));
         }
         let buf = dispatch!(s.dtype, T => {
-            let rows = kernels::to_vec::<T>(s);
+            let rows = cpu::to_vec::<T>(s);
             new_filled::<T>(shape.size(), |out| index_add_kernel(out, dims, axis, &idx, &rows))
         })?;
         Ok(Output::New {
@@ -535,14 +536,14 @@ fn scatter_add_impl(
         let (a, ix, s) = (&o[0], &o[1], &o[2]);
         same_dtype(OP, a, s)?;
         if a.dtype == DType::Bool {
-            return Err(kernels::unsupported(OP, a));
+            return Err(engine::unsupported(OP, a));
         }
         let dims = a.shape().dims();
         let ax = normalize_axis(OP, axis, dims.len(), a)?;
         check_index_shape(OP, a, ix, ax, Some(s))?;
         let idx = valid_indices(OP, a, ix, dims[ax], &format!("axis {ax}"))?;
         let buf = dispatch!(a.dtype, T => {
-            let base = kernels::to_vec::<T>(a);
+            let base = cpu::to_vec::<T>(a);
             new_overwritten::<T>(base.len(), |out| {
                 out.copy_from_slice(&base);
                 scatter_add_kernel(out, dims, ax, ix.shape().dims(), &idx, s.data::<T>(), s.layout)
@@ -641,7 +642,7 @@ fn boolean_mask_impl(x: NDArray, mask: NDArray, at: SourceLocation) -> Result<ND
     let id = engine::run_op(OP, &[x.id, mask.id], at, |o| {
         let (a, m) = (&o[0], &o[1]);
         if m.dtype != DType::Bool {
-            return Err(kernels::unsupported(OP, m));
+            return Err(engine::unsupported(OP, m));
         }
         let (ad, md) = (a.shape().dims(), m.shape().dims());
         if md.is_empty() || md.len() > ad.len() || ad[..md.len()] != *md {
@@ -655,10 +656,7 @@ fn boolean_mask_impl(x: NDArray, mask: NDArray, at: SourceLocation) -> Result<ND
                 ),
             ));
         }
-        let bits: Vec<bool> = kernels::to_vec::<u8>(m)
-            .into_iter()
-            .map(|b| b != 0)
-            .collect();
+        let bits: Vec<bool> = cpu::to_vec::<u8>(m).into_iter().map(|b| b != 0).collect();
         let count = bits.iter().filter(|&&b| b).count();
         let mut dims: Dims = smallvec![count];
         dims.extend_from_slice(&ad[md.len()..]);
@@ -724,7 +722,7 @@ fn masked_fill_impl(x: NDArray, mask: NDArray, value: f64, at: SourceLocation) -
     let id = engine::run_op(OP, &[x.id, mask.id], at, |o| {
         let (a, m) = (&o[0], &o[1]);
         if m.dtype != DType::Bool {
-            return Err(kernels::unsupported(OP, m));
+            return Err(engine::unsupported(OP, m));
         }
         if Shape::broadcast(m.shape(), a.shape()).as_ref() != Some(a.shape()) {
             return Err(NdError::ShapeMismatch {
@@ -948,7 +946,7 @@ impl NDArray {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::layout::Strides;
+    use crate::layout::Strides;
 
     fn layout(shape: &[usize], strides: &[isize], offset: usize) -> Layout {
         Layout {

@@ -14,8 +14,9 @@ use super::NDArray;
 use super::ops::Rhs;
 use crate::DType;
 use crate::autograd::{self, Rule};
+use crate::backend::cpu;
 use crate::dtype::{Native, ScalarValue, dispatch};
-use crate::engine::{self, Layout, Output, kernels};
+use crate::engine::{self, Layout, Output};
 use crate::error::{ArrayDesc, NdError, Result, SourceLocation, unwrap};
 use crate::shape::{Dims, Shape};
 use std::panic::Location;
@@ -157,7 +158,7 @@ pub(crate) fn select(layout: &Layout, index: &str) -> std::result::Result<Layout
         ));
     }
     let mut shape = Dims::new();
-    let mut strides = crate::engine::layout::Strides::new();
+    let mut strides = crate::layout::Strides::new();
     let mut offset = layout.offset as i128;
     // One item per axis: `...` stands for the axes not named, and axes left over at
     // the end are taken whole.
@@ -272,13 +273,13 @@ fn set(x: NDArray, index: &str, value: Rhs) -> Result<()> {
                     });
                 }
                 t.layout = sub;
-                dispatch!(t.dtype, T => kernels::assign_binary::<T>(&mut t, v, |_, y| y));
+                dispatch!(t.dtype, T => cpu::assign_binary::<T>(&mut t, v, |_, y| y));
             }
             Rhs::Scalar(s) => {
                 t.layout = sub;
                 dispatch!(t.dtype, T => {
                     let s: T = scalar_as(s, t.dtype);
-                    kernels::assign_unary::<T>(&mut t, move |_| s)
+                    cpu::assign_unary::<T>(&mut t, move |_| s)
                 });
             }
         }

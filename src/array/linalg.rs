@@ -2,18 +2,19 @@
 //! the batch dimensions) and its alias `dot`.
 //!
 //! Each operand is read in place through its strides (a transposed view is not copied):
-//! every batch is one [`kernels::matmul_2d`] call (`gemm` for f32/f64) writing straight
+//! every batch is one [`cpu::matmul_2d`] call (`gemm` for f32/f64) writing straight
 //! into the contiguous result.
 
 use super::NDArray;
 use super::ops::{BinOp, Rhs, binary, same_dtype};
 use crate::DType;
 use crate::autograd::{self, Rule};
+use crate::backend::cpu;
+use crate::backend::cpu::new_overwritten;
 use crate::dtype::dispatch;
-use crate::engine::layout::{Strides, for_each_row};
-use crate::engine::storage::new_overwritten;
-use crate::engine::{self, Operand, Output, kernels};
+use crate::engine::{self, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::layout::{Strides, for_each_row};
 use crate::shape::{Dims, Shape};
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -119,7 +120,7 @@ fn matmul_impl(
         let (a, b) = (&o[0], &o[1]);
         same_dtype(op, a, b)?;
         if a.dtype == DType::Bool {
-            return Err(kernels::unsupported(op, a));
+            return Err(engine::unsupported(op, a));
         }
         for (operand, t) in [(a, trans[0]), (b, trans[1])] {
             if t && operand.shape().ndim() < 2 {
@@ -197,9 +198,9 @@ fn matmul_impl(
         let buf = dispatch!(a.dtype, T => {
             let (da, db) = (a.data::<T>(), b.data::<T>());
             let one = |(oa, ob): (isize, isize), out: &mut [T]| {
-                let lhs = kernels::Mat { data: da, off: oa, rs: va.rs, cs: va.cs };
-                let rhs = kernels::Mat { data: db, off: ob, rs: vb.rs, cs: vb.cs };
-                kernels::matmul_2d(m, n, k, lhs, rhs, out);
+                let lhs = cpu::Mat { data: da, off: oa, rs: va.rs, cs: va.cs };
+                let rhs = cpu::Mat { data: db, off: ob, rs: vb.rs, cs: vb.cs };
+                cpu::matmul_2d(m, n, k, lhs, rhs, out);
             };
             new_overwritten::<T>(total, |out| {
                 if mn == 0 {
@@ -207,11 +208,11 @@ fn matmul_impl(
                 }
                 let per = mn.saturating_mul(k);
                 if offsets.len() > 1
-                    && kernels::may_fork()
+                    && cpu::may_fork()
                     && per < PARALLEL_FLOPS
                     && per.saturating_mul(offsets.len()) >= PARALLEL_FLOPS
                 {
-                    kernels::fork(|| {
+                    cpu::fork(|| {
                         out.par_chunks_mut(mn)
                             .zip(offsets[..].par_iter())
                             .for_each(|(out, &off)| one(off, out))

@@ -6,9 +6,10 @@ use super::NDArray;
 use super::ops::broadcast_shape;
 use super::reduce::{normalize_axes, reduced_shape};
 use crate::DType;
+use crate::backend::cpu;
+use crate::backend::cpu::new_overwritten;
 use crate::dtype::{Native, dispatch};
-use crate::engine::storage::new_overwritten;
-use crate::engine::{self, Operand, Output, kernels};
+use crate::engine::{self, Operand, Output};
 use crate::error::{Result, SourceLocation, unwrap};
 use std::panic::Location;
 
@@ -31,7 +32,7 @@ impl LogicOp {
 
 fn bool_only(op: &'static str, a: &Operand<'_>) -> Result<()> {
     if a.dtype != DType::Bool {
-        return Err(kernels::unsupported(op, a));
+        return Err(engine::unsupported(op, a));
     }
     Ok(())
 }
@@ -45,9 +46,9 @@ fn logical(x: NDArray, op: LogicOp, y: NDArray, at: SourceLocation) -> Result<ND
         let shape = broadcast_shape(name, a, b)?;
         // Bool bytes are 0 or 1, so the bitwise ops are the logical ones.
         let buf = match op {
-            LogicOp::And => kernels::map_binary::<u8, u8>(a, b, &shape, |p, q| p & q),
-            LogicOp::Or => kernels::map_binary::<u8, u8>(a, b, &shape, |p, q| p | q),
-            LogicOp::Xor => kernels::map_binary::<u8, u8>(a, b, &shape, |p, q| p ^ q),
+            LogicOp::And => cpu::map_binary::<u8, u8>(a, b, &shape, |p, q| p & q),
+            LogicOp::Or => cpu::map_binary::<u8, u8>(a, b, &shape, |p, q| p | q),
+            LogicOp::Xor => cpu::map_binary::<u8, u8>(a, b, &shape, |p, q| p ^ q),
         }?;
         Ok(Output::New {
             buf,
@@ -64,7 +65,7 @@ fn logical_not_impl(x: NDArray, at: SourceLocation) -> Result<NDArray> {
         let a = &o[0];
         bool_only(OP, a)?;
         Ok(Output::New {
-            buf: kernels::map_unary::<u8, u8>(a, |p| p ^ 1)?,
+            buf: cpu::map_unary::<u8, u8>(a, |p| p ^ 1)?,
             shape: a.shape().clone(),
             dtype: DType::Bool,
         })
@@ -102,7 +103,7 @@ fn truth_reduction(
         let axes = normalize_axes(name, a, axes)?;
         let shape = reduced_shape(a.shape(), &axes, keep_dims);
         // The accumulator is "decided": any found a true / all found a false.
-        let decided = dispatch!(a.dtype, T => kernels::reduce::<T, bool>(a, &axes, false,
+        let decided = dispatch!(a.dtype, T => cpu::reduce::<T, bool>(a, &axes, false,
             |done, d, s, n, st| done || row_decides(d, s, n, st, any)));
         let buf = new_overwritten::<u8>(decided.len(), |out| {
             for (o, &done) in out.iter_mut().zip(&decided) {

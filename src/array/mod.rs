@@ -24,8 +24,9 @@ mod unary;
 pub use ops::Rhs;
 pub(crate) use ops::{BinOp, UnOp};
 
+use crate::backend::cpu;
 use crate::dtype::{Element, dispatch};
-use crate::engine::{self, ArrayId, kernels};
+use crate::engine::{self, ArrayId};
 use crate::error::{NdError, Result, unwrap};
 use crate::{DType, NDManager, Shape};
 use std::panic::Location;
@@ -141,7 +142,7 @@ impl NDArray {
                     array: o.desc(),
                 });
             }
-            Ok(dispatch!(o.dtype, N => kernels::to_vec::<N>(o)
+            Ok(dispatch!(o.dtype, N => cpu::to_vec::<N>(o)
                 .into_iter()
                 .map(|x| if T::DTYPE.is_float() {
                     T::elem_from_f64(crate::dtype::Native::to_f64(x))

@@ -10,11 +10,12 @@ use super::ops::{broadcast_shape, same_dtype};
 use super::reduce::normalize_axis;
 use crate::DType;
 use crate::autograd::{self, Backward, BackwardCtx, Grads, Rule};
+use crate::backend::cpu;
+use crate::backend::cpu::{new_filled, new_overwritten};
 use crate::dtype::{Float, Native, dispatch, dispatch_float};
-use crate::engine::layout::{Strides, for_each_row};
-use crate::engine::storage::{new_filled, new_overwritten};
-use crate::engine::{self, ArrayId, Buffer, Operand, Output, kernels};
+use crate::engine::{self, ArrayId, Buffer, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::layout::{Strides, for_each_row};
 use crate::shape::{Dims, Shape};
 use rayon::prelude::*;
 use smallvec::{SmallVec, smallvec};
@@ -78,8 +79,8 @@ fn softmax_kernel<T: Float>(a: &Operand<'_>, axis: usize, log: bool) -> Result<B
             // Contiguous rows: independent, so large inputs run on several threads.
             let src = &src[l.offset..l.offset + n];
             let row = |(o, s): (&mut [T], &[T])| softmax_lane(s, 0, 1, o, 0, 1, len, log);
-            if n >= PARALLEL_ELEMS && kernels::may_fork() {
-                kernels::fork(|| {
+            if n >= PARALLEL_ELEMS && cpu::may_fork() {
+                cpu::fork(|| {
                     out.par_chunks_mut(len)
                         .zip(src.par_chunks(len))
                         .for_each(row)
@@ -112,7 +113,7 @@ fn softmax_impl(x: NDArray, axis: isize, log: bool, at: SourceLocation) -> Resul
         let a = &o[0];
         let axis = normalize_axis(name, a, axis)?;
         let buf = dispatch_float!(a.dtype, T => softmax_kernel::<T>(a, axis, log)?,
-            else return Err(kernels::unsupported(name, a)));
+            else return Err(engine::unsupported(name, a)));
         Ok(Output::New {
             buf,
             shape: a.shape().clone(),
@@ -128,7 +129,7 @@ fn one_hot_impl(x: NDArray, depth: usize, dtype: DType, at: SourceLocation) -> R
     let id = engine::run_op(OP, &[x.id], at, |o| {
         let a = &o[0];
         if a.dtype.is_float() || a.dtype == DType::Bool {
-            return Err(kernels::unsupported(OP, a));
+            return Err(engine::unsupported(OP, a));
         }
         let mut dims = a.shape().0.clone();
         dims.push(depth);
@@ -136,7 +137,7 @@ fn one_hot_impl(x: NDArray, depth: usize, dtype: DType, at: SourceLocation) -> R
         let total = shape.checked_size().ok_or_else(|| {
             NdError::shape(OP, format!("the result shape {shape} overflows usize"))
         })?;
-        let indices: Vec<i64> = dispatch!(a.dtype, T => kernels::to_vec::<T>(a)
+        let indices: Vec<i64> = dispatch!(a.dtype, T => cpu::to_vec::<T>(a)
             .into_iter()
             .map(|v| v.to_i64())
             .collect());
@@ -162,7 +163,7 @@ fn clip_impl(x: NDArray, min: f64, max: f64, at: SourceLocation) -> Result<NDArr
     let id = engine::run_op(OP, &[x.id], at, |o| {
         let a = &o[0];
         if a.dtype == DType::Bool {
-            return Err(kernels::unsupported(OP, a));
+            return Err(engine::unsupported(OP, a));
         }
         if min.is_nan() || max.is_nan() || min > max {
             return Err(NdError::invalid(
@@ -184,7 +185,7 @@ fn clip_impl(x: NDArray, min: f64, max: f64, at: SourceLocation) -> Result<NDArr
         }
         let buf = dispatch!(a.dtype, T => {
             let (lo, hi) = (T::from_f64(lo), T::from_f64(hi));
-            kernels::map_unary::<T, T>(a, move |v| v.max_of(lo).min_of(hi))?
+            cpu::map_unary::<T, T>(a, move |v| v.max_of(lo).min_of(hi))?
         });
         Ok(Output::New {
             buf,
@@ -290,7 +291,7 @@ fn where_impl(cond: NDArray, x: NDArray, y: NDArray, at: SourceLocation) -> Resu
     let id = engine::run_op(OP, &[cond.id, x.id, y.id], at, |o| {
         let (c, a, b) = (&o[0], &o[1], &o[2]);
         if c.dtype != DType::Bool {
-            return Err(kernels::unsupported(OP, c));
+            return Err(engine::unsupported(OP, c));
         }
         same_dtype(OP, a, b)?;
         let xy = broadcast_shape(OP, a, b)?;
@@ -465,7 +466,7 @@ pub(super) fn float_operands(
     others: &[&Operand<'_>],
 ) -> Result<()> {
     if !x.dtype.is_float() {
-        return Err(kernels::unsupported(op, x));
+        return Err(engine::unsupported(op, x));
     }
     for o in others {
         same_dtype(op, x, o)?;
@@ -477,9 +478,9 @@ pub(super) fn float_operands(
 /// `UnsupportedDType`), each checked to lie in `0..limit` (else `Index`, naming `what`).
 fn int_ids(op: &'static str, ids: &Operand<'_>, limit: usize, what: &str) -> Result<Vec<i64>> {
     if ids.dtype.is_float() || ids.dtype == DType::Bool {
-        return Err(kernels::unsupported(op, ids));
+        return Err(engine::unsupported(op, ids));
     }
-    let v: Vec<i64> = dispatch!(ids.dtype, T => kernels::to_vec::<T>(ids)
+    let v: Vec<i64> = dispatch!(ids.dtype, T => cpu::to_vec::<T>(ids)
         .into_iter()
         .map(|v| v.to_i64())
         .collect());
@@ -771,7 +772,7 @@ fn layer_norm_impl(
             let (buf, mean, var) = normalize_kernel::<T>(a, &red, &gm, &bt, eps, None)?;
             let rstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
             (buf, buffer_of::<T>(&mean)?, buffer_of::<T>(&rstd)?)
-        }, else return Err(kernels::unsupported(OP, a)));
+        }, else return Err(engine::unsupported(OP, a)));
         saved = Some((mean, var, stats_shape, a.dtype));
         Ok(Output::New {
             buf,
@@ -867,7 +868,7 @@ fn batch_norm_impl(
         let red: SmallVec<[bool; 4]> = (0..dims.len()).map(|d| d != 1).collect();
         let given = (!training).then(|| {
             let read = |o: &Operand<'_>| -> Vec<f64> {
-                dispatch_float!(o.dtype, T => kernels::to_vec::<T>(o).iter().map(|v| v.to_f64()).collect(), else Vec::new())
+                dispatch_float!(o.dtype, T => cpu::to_vec::<T>(o).iter().map(|v| v.to_f64()).collect(), else Vec::new())
             };
             (read(rm), read(rv))
         });
@@ -878,7 +879,7 @@ fn batch_norm_impl(
             let gm = go.map_or_else(|| Affine::constant(&one, dims.len()), |p| Affine::of(p, &shape, true));
             let bt = bo.map_or_else(|| Affine::constant(&zero, dims.len()), |p| Affine::of(p, &shape, true));
             normalize_kernel::<T>(a, &red, &gm, &bt, eps, given)?
-        }, else return Err(kernels::unsupported(OP, a)));
+        }, else return Err(engine::unsupported(OP, a)));
         let rstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
         let (mb, rb) = dispatch_float!(a.dtype, T => (buffer_of::<T>(&mean)?, buffer_of::<T>(&rstd)?),
             else unreachable!("checked above"));
@@ -1010,7 +1011,7 @@ impl Backward for EmbeddingRule {
         let id = engine::run_op(OP, &[g.id, cx.inputs[1].id], Location::caller(), |o| {
             let rows = int_ids(OP, &o[1], v, "id")?;
             let buf = dispatch_float!(o[0].dtype, T => {
-                let gd = kernels::to_vec::<T>(&o[0]);
+                let gd = cpu::to_vec::<T>(&o[0]);
                 new_filled::<T>(v * d, |out| {
                     if d == 0 {
                         return;
@@ -1022,7 +1023,7 @@ impl Backward for EmbeddingRule {
                         }
                     }
                 })?
-            }, else return Err(kernels::unsupported(OP, &o[0])));
+            }, else return Err(engine::unsupported(OP, &o[0])));
             Ok(Output::New {
                 buf,
                 shape: shape.clone(),
@@ -1137,9 +1138,9 @@ impl Backward for CrossEntropyRule {
                 let (n, c) = (pd[0], pd[1]);
                 let labels = int_ids(OP, &o[2], c, "label")?;
                 let buf = dispatch_float!(o[0].dtype, T => {
-                let scale = kernels::to_vec::<T>(gd)[0].to_f64() / n as f64;
+                let scale = cpu::to_vec::<T>(gd)[0].to_f64() / n as f64;
                 let scale = T::from_f64(scale);
-                let src = kernels::to_vec::<T>(&o[0]);
+                let src = cpu::to_vec::<T>(&o[0]);
                 new_overwritten::<T>(n * c, |out| {
                     for (d, s) in out.iter_mut().zip(&src) {
                         *d = s.mul(scale);
@@ -1149,7 +1150,7 @@ impl Backward for CrossEntropyRule {
                         *e = e.sub(scale);
                     }
                 })?
-            }, else return Err(kernels::unsupported(OP, &o[0])));
+            }, else return Err(engine::unsupported(OP, &o[0])));
                 Ok(Output::New {
                     buf,
                     shape: Shape::from([n, c]),

@@ -3,8 +3,9 @@
 
 use super::NDArray;
 use crate::autograd::{self, Rule};
+use crate::backend::cpu;
 use crate::dtype::{Float, Native, Scalar, ScalarValue, dispatch, dispatch_float};
-use crate::engine::{self, Operand, Output, kernels};
+use crate::engine::{self, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use crate::{DType, Shape};
 use std::panic::Location;
@@ -231,7 +232,7 @@ pub(crate) fn same_dtype(op: &'static str, a: &Operand<'_>, b: &Operand<'_>) -> 
 
 fn numeric(op: &'static str, a: &Operand<'_>) -> Result<()> {
     if a.dtype == DType::Bool {
-        return Err(kernels::unsupported(op, a));
+        return Err(engine::unsupported(op, a));
     }
     Ok(())
 }
@@ -252,7 +253,7 @@ pub(crate) fn binary(
             numeric(name, a)?;
             let shape = broadcast_shape(name, a, b)?;
             let buf = dispatch!(a.dtype, T => per_binop!(op, O =>
-                kernels::map_binary::<T, T>(a, b, &shape, |p, q| arith(O, p, q))))?;
+                cpu::map_binary::<T, T>(a, b, &shape, |p, q| arith(O, p, q))))?;
             Ok(Output::New {
                 buf,
                 shape,
@@ -265,9 +266,9 @@ pub(crate) fn binary(
             let buf = dispatch!(a.dtype, T => {
                 let s: T = s.cast();
                 per_binop!(op, O => if scalar_left {
-                    kernels::map_unary::<T, T>(a, move |p| arith(O, s, p))
+                    cpu::map_unary::<T, T>(a, move |p| arith(O, s, p))
                 } else {
-                    kernels::map_unary::<T, T>(a, move |p| arith(O, p, s))
+                    cpu::map_unary::<T, T>(a, move |p| arith(O, p, s))
                 })
             })?;
             Ok(Output::New {
@@ -297,7 +298,7 @@ pub(crate) fn comparison(x: NDArray, op: CmpOp, rhs: Rhs, at: SourceLocation) ->
             same_dtype(name, a, b)?;
             let shape = broadcast_shape(name, a, b)?;
             let buf = dispatch!(a.dtype, T => per_cmpop!(op, O =>
-                kernels::map_binary::<T, u8>(a, b, &shape, |p, q| compare(O, p, q))))?;
+                cpu::map_binary::<T, u8>(a, b, &shape, |p, q| compare(O, p, q))))?;
             Ok(Output::New {
                 buf,
                 shape,
@@ -313,12 +314,12 @@ pub(crate) fn comparison(x: NDArray, op: CmpOp, rhs: Rhs, at: SourceLocation) ->
             let buf = match s {
                 _ if a.dtype.is_float() => dispatch!(a.dtype, T => {
                     let s: T = s.cast();
-                    per_cmpop!(op, O => kernels::map_unary::<T, u8>(a, move |p| compare(O, p, s)))
+                    per_cmpop!(op, O => cpu::map_unary::<T, u8>(a, move |p| compare(O, p, s)))
                 }),
                 ScalarValue::Int(s) => dispatch!(a.dtype, T => per_cmpop!(op, O =>
-                    kernels::map_unary::<T, u8>(a, move |p| compare(O, p.to_i64(), s)))),
+                    cpu::map_unary::<T, u8>(a, move |p| compare(O, p.to_i64(), s)))),
                 ScalarValue::Float(s) => dispatch!(a.dtype, T => per_cmpop!(op, O =>
-                    kernels::map_unary::<T, u8>(a, move |p| compare(O, p.to_f64(), s)))),
+                    cpu::map_unary::<T, u8>(a, move |p| compare(O, p.to_f64(), s)))),
             }?;
             Ok(Output::New {
                 buf,
@@ -364,20 +365,20 @@ pub(crate) fn unary(x: NDArray, op: UnOp, at: SourceLocation) -> Result<NDArray>
         numeric(name, a)?;
         let buf = match op {
             UnOp::Abs | UnOp::Neg | UnOp::Square | UnOp::Relu => dispatch!(a.dtype, T => match op {
-                UnOp::Abs => kernels::map_unary::<T, T>(a, |p| num_un(UnOp::Abs, p)),
-                UnOp::Neg => kernels::map_unary::<T, T>(a, |p| num_un(UnOp::Neg, p)),
-                UnOp::Square => kernels::map_unary::<T, T>(a, |p| num_un(UnOp::Square, p)),
-                _ => kernels::map_unary::<T, T>(a, |p| num_un(UnOp::Relu, p)),
+                UnOp::Abs => cpu::map_unary::<T, T>(a, |p| num_un(UnOp::Abs, p)),
+                UnOp::Neg => cpu::map_unary::<T, T>(a, |p| num_un(UnOp::Neg, p)),
+                UnOp::Square => cpu::map_unary::<T, T>(a, |p| num_un(UnOp::Square, p)),
+                _ => cpu::map_unary::<T, T>(a, |p| num_un(UnOp::Relu, p)),
             }),
             _ => dispatch_float!(a.dtype, T => match op {
-                UnOp::Exp => kernels::map_unary::<T, T>(a, |p| float_un(UnOp::Exp, p)),
-                UnOp::Log => kernels::map_unary::<T, T>(a, |p| float_un(UnOp::Log, p)),
-                UnOp::Sqrt => kernels::map_unary::<T, T>(a, |p| float_un(UnOp::Sqrt, p)),
-                UnOp::Sin => kernels::map_unary::<T, T>(a, |p| float_un(UnOp::Sin, p)),
-                UnOp::Cos => kernels::map_unary::<T, T>(a, |p| float_un(UnOp::Cos, p)),
-                UnOp::Tanh => kernels::map_unary::<T, T>(a, |p| float_un(UnOp::Tanh, p)),
-                _ => kernels::map_unary::<T, T>(a, |p| float_un(UnOp::Sigmoid, p)),
-            }, else return Err(kernels::unsupported(name, a))),
+                UnOp::Exp => cpu::map_unary::<T, T>(a, |p| float_un(UnOp::Exp, p)),
+                UnOp::Log => cpu::map_unary::<T, T>(a, |p| float_un(UnOp::Log, p)),
+                UnOp::Sqrt => cpu::map_unary::<T, T>(a, |p| float_un(UnOp::Sqrt, p)),
+                UnOp::Sin => cpu::map_unary::<T, T>(a, |p| float_un(UnOp::Sin, p)),
+                UnOp::Cos => cpu::map_unary::<T, T>(a, |p| float_un(UnOp::Cos, p)),
+                UnOp::Tanh => cpu::map_unary::<T, T>(a, |p| float_un(UnOp::Tanh, p)),
+                _ => cpu::map_unary::<T, T>(a, |p| float_un(UnOp::Sigmoid, p)),
+            }, else return Err(engine::unsupported(name, a))),
         }?;
         Ok(Output::New {
             buf,
@@ -421,7 +422,7 @@ pub(crate) fn binary_inplace(x: NDArray, op: BinOp, rhs: Rhs) -> Result<()> {
                 });
             }
             dispatch!(t.dtype, T => per_binop!(op, O =>
-                kernels::assign_binary::<T>(&mut t, b, |p, q| arith(O, p, q))));
+                cpu::assign_binary::<T>(&mut t, b, |p, q| arith(O, p, q))));
             Ok(())
         }),
         Rhs::Scalar(s) => engine::run_inplace(x.id, &[], |mut t, _| {
@@ -434,7 +435,7 @@ pub(crate) fn binary_inplace(x: NDArray, op: BinOp, rhs: Rhs) -> Result<()> {
             }
             dispatch!(t.dtype, T => {
                 let s: T = s.cast();
-                per_binop!(op, O => kernels::assign_unary::<T>(&mut t, move |p| arith(O, p, s)))
+                per_binop!(op, O => cpu::assign_unary::<T>(&mut t, move |p| arith(O, p, s)))
             });
             Ok(())
         }),

@@ -1,16 +1,17 @@
 //! Reductions: `sum`, `mean`, `max`, `min`, `prod` over all elements or chosen axes,
 //! and `argmax`/`argmin`. Every op has a `try_*` form and a panicking form.
 //!
-//! All of them run one [`kernels::reduce`] pass over the input (no temporaries). A full
+//! All of them run one [`cpu::reduce`] pass over the input (no temporaries). A full
 //! reduction of a contiguous array merges into one long contiguous row, so `sum()` is
-//! one pairwise, 8-lane, multi-threaded [`kernels::sum_row`] call.
+//! one pairwise, 8-lane, multi-threaded [`cpu::sum_row`] call.
 
 use super::NDArray;
 use crate::DType;
 use crate::autograd::{self, ReduceKind, Rule};
+use crate::backend::cpu;
+use crate::backend::cpu::new_overwritten;
 use crate::dtype::{Native, dispatch};
-use crate::engine::storage::new_overwritten;
-use crate::engine::{self, Buffer, Operand, Output, kernels};
+use crate::engine::{self, Buffer, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use crate::shape::{Dims, Shape};
 use smallvec::SmallVec;
@@ -150,7 +151,7 @@ fn reduction(
         let dtype = a.dtype;
         match op {
             Red::Sum | Red::Mean | Red::Prod if dtype == DType::Bool => {
-                return Err(kernels::unsupported(name, a));
+                return Err(engine::unsupported(name, a));
             }
             Red::Max | Red::Min if count == 0 && shape.size() > 0 => {
                 return Err(NdError::invalid(
@@ -163,7 +164,7 @@ fn reduction(
         let (buf, dtype) = match op {
             Red::Sum => dispatch!(dtype, T => {
                 let v = fold::<T, T>(a, &axes, T::ZERO, |acc, d, s, n, st| {
-                    acc.add(kernels::sum_row(d, s, n, st))
+                    acc.add(cpu::sum_row(d, s, n, st))
                 }, |acc, x| acc.add(x));
                 (to_buffer(&v)?, dtype)
             }),
@@ -187,8 +188,8 @@ fn reduction(
             }),
             Red::Mean if dtype.is_float() => dispatch!(dtype, T => {
                 let inv = T::from_f64(count as f64);
-                let v: kernels::Accs<T> = fold::<T, T>(a, &axes, T::ZERO, |acc, d, s, n, st| {
-                    acc.add(kernels::sum_row(d, s, n, st))
+                let v: cpu::Accs<T> = fold::<T, T>(a, &axes, T::ZERO, |acc, d, s, n, st| {
+                    acc.add(cpu::sum_row(d, s, n, st))
                 }, |acc, x| acc.add(x))
                 .into_iter()
                 .map(|s| s.div(inv))
@@ -196,7 +197,7 @@ fn reduction(
                 (to_buffer(&v)?, dtype)
             }),
             Red::Mean => dispatch!(dtype, T => {
-                let v: kernels::Accs<f64> = fold::<T, f64>(a, &axes, 0.0, |acc, d, s, n, st| {
+                let v: cpu::Accs<f64> = fold::<T, f64>(a, &axes, 0.0, |acc, d, s, n, st| {
                     acc + sum_row_f64(d, s, n, st)
                 }, |acc, x| acc + x.to_f64())
                 .into_iter()
@@ -253,7 +254,7 @@ fn arg_reduction(
         }
         let v: Vec<i64> = dispatch!(a.dtype, T => {
             let init = ArgAcc { best: T::ZERO, index: -1, seen: 0 };
-            kernels::reduce::<T, ArgAcc<T>>(a, &axes, init, |mut acc, d, s, n, st| {
+            cpu::reduce::<T, ArgAcc<T>>(a, &axes, init, |mut acc, d, s, n, st| {
                 for i in 0..n as isize {
                     let v = d[(s + i * st) as usize];
                     // The first NaN wins (as in numpy); among equal values the first.
@@ -421,7 +422,7 @@ impl NDArray {
 
 /// Reduce `a` over `axes`: `row` folds one strided lane into an output's accumulator,
 /// or, when the reduced axes are outer to a kept contiguous one
-/// ([`kernels::prefers_outer`], e.g. `sum_axes(&[0])` of a row-major matrix), `elem`
+/// ([`cpu::prefers_outer`], e.g. `sum_axes(&[0])` of a row-major matrix), `elem`
 /// folds single elements while the input streams by in memory order.
 fn fold<T: Native, A: Copy + Send + Sync>(
     a: &Operand<'_>,
@@ -429,11 +430,11 @@ fn fold<T: Native, A: Copy + Send + Sync>(
     init: A,
     row: impl Fn(A, &[T], isize, usize, isize) -> A + Sync,
     elem: impl Fn(A, T) -> A + Sync,
-) -> kernels::Accs<A> {
-    if kernels::prefers_outer(a.layout, axes) {
-        kernels::Accs::from_vec(kernels::reduce_outer::<T, A>(a, axes, init, elem))
+) -> cpu::Accs<A> {
+    if cpu::prefers_outer(a.layout, axes) {
+        cpu::Accs::from_vec(cpu::reduce_outer::<T, A>(a, axes, init, elem))
     } else {
-        kernels::reduce::<T, A>(a, axes, init, row)
+        cpu::reduce::<T, A>(a, axes, init, row)
     }
 }
 
@@ -452,9 +453,9 @@ mod tests {
         let rows = engine::read(a.id, |o| {
             let mut rows = Vec::new();
             let rows_ref = std::sync::Mutex::new(&mut rows);
-            let s = kernels::reduce::<f32, f32>(o, &[0, 1, 2], 0.0, |acc, d, s, n, st| {
+            let s = cpu::reduce::<f32, f32>(o, &[0, 1, 2], 0.0, |acc, d, s, n, st| {
                 rows_ref.lock().unwrap().push((s, n, st));
-                acc + kernels::sum_row(d, s, n, st)
+                acc + cpu::sum_row(d, s, n, st)
             });
             assert_eq!(s.as_slice(), &[276.0]);
             rows

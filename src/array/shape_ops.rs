@@ -9,11 +9,12 @@
 
 use super::NDArray;
 use crate::autograd::{self, Backward, BackwardCtx, Grads, Rule};
+use crate::backend::cpu;
+use crate::backend::cpu::{new_filled, new_overwritten};
 use crate::dtype::{Native, dispatch};
-use crate::engine::layout::{Strides, for_each_row};
-use crate::engine::storage::{new_filled, new_overwritten};
-use crate::engine::{self, Layout, Operand, Output, kernels};
+use crate::engine::{self, Layout, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::layout::{Strides, for_each_row};
 use crate::shape::Dims;
 use crate::{DType, Shape};
 use smallvec::smallvec;
@@ -79,7 +80,7 @@ fn reshape_output(o: &Operand<'_>, shape: Shape) -> Result<Output> {
             },
         });
     }
-    let (buf, _) = kernels::materialize(o)?;
+    let (buf, _) = engine::materialize(o)?;
     Ok(Output::New {
         buf,
         shape,
@@ -408,7 +409,7 @@ fn to_dtype(x: NDArray, dtype: DType, at: SourceLocation) -> Result<NDArray> {
     let id = engine::run_op("to_dtype", &[x.id], at, |o| {
         let o = &o[0];
         Ok(Output::New {
-            buf: kernels::cast(o, dtype)?,
+            buf: cast(o, dtype)?,
             shape: o.shape().clone(),
             dtype,
         })
@@ -1454,6 +1455,20 @@ impl NDArray {
     pub fn try_full_like(self, value: f64) -> Result<NDArray> {
         full_like(self, value, Location::caller())
     }
+}
+
+/// Convert between dtypes (through f64 for floats, i64 for integers).
+fn cast(o: &Operand<'_>, to: DType) -> Result<cpu::Buffer> {
+    let to_bool = to == DType::Bool;
+    dispatch!(o.dtype, S => dispatch!(to, D => {
+        if to_bool {
+            cpu::map_unary::<S, D>(o, |x| D::from_i64((x != S::ZERO) as i64))
+        } else if o.dtype.is_float() {
+            cpu::map_unary::<S, D>(o, |x| D::from_f64(x.to_f64()))
+        } else {
+            cpu::map_unary::<S, D>(o, |x| D::from_i64(x.to_i64()))
+        }
+    }))
 }
 
 #[cfg(test)]

@@ -7,11 +7,12 @@ use super::reduce::{normalize_axes, normalize_axis, reduced_shape};
 use crate::DType;
 use crate::autograd::backward::keep_dims_shape;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
+use crate::backend::cpu;
+use crate::backend::cpu::new_overwritten;
 use crate::dtype::{Native, dispatch, dispatch_float};
-use crate::engine::layout::{Strides, for_each_row};
-use crate::engine::storage::new_overwritten;
-use crate::engine::{self, Buffer, Operand, Output, kernels};
+use crate::engine::{self, Buffer, Operand, Output};
 use crate::error::{Result, SourceLocation, unwrap};
+use crate::layout::{Strides, for_each_row};
 use crate::shape::{Dims, Shape};
 use smallvec::{SmallVec, smallvec};
 use std::panic::Location;
@@ -109,7 +110,7 @@ fn stat_reduction(
     let id = engine::run_op(name, &[x.id], at, |o| {
         let a = &o[0];
         if !a.dtype.is_float() {
-            return Err(kernels::unsupported(name, a));
+            return Err(engine::unsupported(name, a));
         }
         let axes = normalize_axes(name, a, axes)?;
         let shape = reduced_shape(a.shape(), &axes, keep_dims);
@@ -117,7 +118,7 @@ fn stat_reduction(
             let v: Vec<T> = match stat {
                 Stat::Var | Stat::Std => {
                     let init = Welford { n: 0.0, mean: 0.0, m2: 0.0 };
-                    kernels::reduce::<T, Welford>(a, &axes, init, welford_row)
+                    cpu::reduce::<T, Welford>(a, &axes, init, welford_row)
                         .into_iter()
                         .map(|w| {
                             let var = w.m2 / w.n; // an empty lane: 0/0 = NaN, as numpy
@@ -127,7 +128,7 @@ fn stat_reduction(
                 }
                 Stat::LogSumExp => {
                     let init = Lse { m: f64::NEG_INFINITY, s: 0.0 };
-                    kernels::reduce::<T, Lse>(a, &axes, init, lse_row)
+                    cpu::reduce::<T, Lse>(a, &axes, init, lse_row)
                         .into_iter()
                         .map(|l| T::from_f64(l.value()))
                         .collect()
@@ -236,18 +237,18 @@ fn absmax_row<T: Native>(acc: f64, data: &[T], start: isize, len: usize, stride:
 
 fn l2_norm<T: Native>(a: &Operand<'_>) -> f64 {
     let all: Dims = (0..a.shape().ndim()).collect();
-    let ss = kernels::reduce::<T, f64>(a, &all, 0.0, sumsq_row)[0];
+    let ss = cpu::reduce::<T, f64>(a, &all, 0.0, sumsq_row)[0];
     // f32 squares never overflow or underflow in f64; f64 ones may: then scale by the
     // largest magnitude (as LAPACK's nrm2; numpy's sqrt(dot(x, x)) gives inf or 0).
     if ss.is_finite() && ss > 1e-250 && ss < 1e250 {
         return ss.sqrt();
     }
-    let amax = kernels::reduce::<T, f64>(a, &all, 0.0, absmax_row)[0];
+    let amax = cpu::reduce::<T, f64>(a, &all, 0.0, absmax_row)[0];
     if amax == 0.0 || !amax.is_finite() {
         return amax; // all zeros, or an inf / NaN decides
     }
     let inv = 1.0 / amax;
-    let scaled = kernels::reduce::<T, f64>(a, &all, 0.0, |acc, d, s, n, st| {
+    let scaled = cpu::reduce::<T, f64>(a, &all, 0.0, |acc, d, s, n, st| {
         let mut acc = acc;
         for i in 0..n as isize {
             let v = d[(s + i * st) as usize].to_f64() * inv;
@@ -265,7 +266,7 @@ fn norm_impl(x: NDArray, at: SourceLocation) -> Result<NDArray> {
         let buf = dispatch_float!(a.dtype, T => {
             let v = T::from_f64(l2_norm::<T>(a));
             new_overwritten::<T>(1, |out| out[0] = v)?
-        }, else return Err(kernels::unsupported(OP, a)));
+        }, else return Err(engine::unsupported(OP, a)));
         Ok(Output::New {
             buf,
             shape: Shape(Dims::new()),
@@ -333,7 +334,7 @@ fn cumsum_impl(x: NDArray, axis: isize, reverse: bool, at: SourceLocation) -> Re
     let id = engine::run_op(OP, &[x.id], at, |o| {
         let a = &o[0];
         if a.dtype == DType::Bool {
-            return Err(kernels::unsupported(OP, a));
+            return Err(engine::unsupported(OP, a));
         }
         let ax = normalize_axis(OP, a, axis)?;
         let buf = dispatch!(a.dtype, T => cumsum_kernel::<T>(a, ax, reverse)?);

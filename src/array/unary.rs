@@ -10,8 +10,9 @@ use super::NDArray;
 use super::ops::broadcast_shape;
 use crate::DType;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
+use crate::backend::cpu;
 use crate::dtype::{Native, dispatch, dispatch_float};
-use crate::engine::{self, Output, kernels};
+use crate::engine::{self, Output};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use smallvec::smallvec;
 use std::panic::Location;
@@ -217,16 +218,16 @@ fn unary_fn(x: NDArray, op: Fn1, alpha: f64, at: SourceLocation) -> Result<NDArr
         let buf = match a.dtype {
             DType::F32 | DType::F64 => dispatch_float!(a.dtype, T => {
                 let alpha = T::from_f64(alpha);
-                per_fn!(op, O => kernels::map_unary::<T, T>(a, move |p| T::apply(O, p, alpha)))
+                per_fn!(op, O => cpu::map_unary::<T, T>(a, move |p| T::apply(O, p, alpha)))
             }, else unreachable!("float dtypes"))?,
             DType::I32 | DType::I64 | DType::U8 if op.on_integers() => {
                 dispatch!(a.dtype, T => if op == Fn1::Sign {
-                    kernels::map_unary::<T, T>(a, int_sign)
+                    cpu::map_unary::<T, T>(a, int_sign)
                 } else {
-                    kernels::map_unary::<T, T>(a, |p| p)
+                    cpu::map_unary::<T, T>(a, |p| p)
                 })?
             }
-            _ => return Err(kernels::unsupported(name, a)),
+            _ => return Err(engine::unsupported(name, a)),
         };
         Ok(Output::New {
             buf,
@@ -261,9 +262,9 @@ impl Backward for UnaryFnRule {
             let shape = broadcast_shape(name, a, b)?;
             let buf = dispatch_float!(a.dtype, T => {
                 let alpha = T::from_f64(alpha);
-                per_fn!(op, O => kernels::map_binary::<T, T>(a, b, &shape,
+                per_fn!(op, O => cpu::map_binary::<T, T>(a, b, &shape,
                     move |p, q| q * T::deriv(O, p, alpha)))
-            }, else return Err(kernels::unsupported(name, a)))?;
+            }, else return Err(engine::unsupported(name, a)))?;
             Ok(Output::New {
                 buf,
                 shape,
@@ -276,7 +277,7 @@ impl Backward for UnaryFnRule {
 
 fn stop_gradient_impl(x: NDArray, at: SourceLocation) -> Result<NDArray> {
     let id = engine::run_op("stop_gradient", &[x.id], at, |o| {
-        let (buf, layout) = kernels::materialize(&o[0])?;
+        let (buf, layout) = engine::materialize(&o[0])?;
         Ok(Output::New {
             buf,
             shape: layout.shape,

@@ -8,8 +8,9 @@
 use super::{Grads, LEAF, NO_SLOT, Node, ReduceKind, Rule, Tape};
 use crate::array::linalg::matmul_t;
 use crate::array::{BinOp, UnOp};
+use crate::backend::cpu;
 use crate::dtype::{Native, dispatch_float};
-use crate::engine::{self, ArrayId, Layout, kernels};
+use crate::engine::{self, ArrayId, Layout};
 use crate::error::{NdError, Result};
 use crate::shape::Dims;
 use crate::{DType, NDArray, NDManager, Shape};
@@ -222,24 +223,24 @@ fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<G>>) -> Result<()> 
         dispatch_float!(t.dtype, T => {
             let s = T::from_f64(scale);
             match &v {
-                None => kernels::assign_unary::<T>(t.strided::<T>(), move |p| p.add(s)),
+                None => cpu::assign_unary::<T>(t.strided::<T>(), move |p| p.add(s)),
                 Some(b) if reduce && b.shape() != &t.layout.shape => {
                     // What `unbroadcast`'s sum op computes, then added as below.
                     let sums = unbroadcast_sums::<T>(b, &t.layout.shape);
                     let layout = Layout::contiguous(t.layout.shape.clone());
-                    let b = kernels::Strided { data: &sums, layout: &layout };
+                    let b = cpu::Strided { data: &sums, layout: &layout };
                     if scale == 1.0 {
-                        kernels::assign_binary::<T>(t.strided::<T>(), b, |p, q| p.add(q))
+                        cpu::assign_binary::<T>(t.strided::<T>(), b, |p, q| p.add(q))
                     } else {
-                        kernels::assign_binary::<T>(t.strided::<T>(), b, move |p, q| {
+                        cpu::assign_binary::<T>(t.strided::<T>(), b, move |p, q| {
                             p.add(q.mul(s))
                         })
                     }
                 }
                 Some(b) if scale == 1.0 => {
-                    kernels::assign_binary::<T>(t.strided::<T>(), b, |p, q| p.add(q))
+                    cpu::assign_binary::<T>(t.strided::<T>(), b, |p, q| p.add(q))
                 }
-                Some(b) => kernels::assign_binary::<T>(t.strided::<T>(), b, move |p, q| {
+                Some(b) => cpu::assign_binary::<T>(t.strided::<T>(), b, move |p, q| {
                     p.add(q.mul(s))
                 }),
             }
@@ -266,7 +267,7 @@ fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<G>>) -> Result<()> 
 /// The sums of `b` over the axes that broadcasting added or stretched to reach it from
 /// `shape`, row-major: the values of `unbroadcast`'s sum op, computed by the same
 /// kernels in the same order (so bit for bit the same).
-fn unbroadcast_sums<T: Native>(b: &engine::Operand<'_>, shape: &Shape) -> kernels::Accs<T> {
+fn unbroadcast_sums<T: Native>(b: &engine::Operand<'_>, shape: &Shape) -> cpu::Accs<T> {
     let (gd, td) = (b.shape().dims(), shape.dims());
     let lead = gd.len() - td.len();
     let mut axes: SmallVec<[usize; 4]> = (0..lead).collect();
@@ -275,16 +276,13 @@ fn unbroadcast_sums<T: Native>(b: &engine::Operand<'_>, shape: &Shape) -> kernel
             axes.push(lead + i);
         }
     }
-    if kernels::prefers_outer(b.layout, &axes) {
-        kernels::Accs::from_vec(kernels::reduce_outer::<T, T>(
-            b,
-            &axes,
-            T::ZERO,
-            |acc, x| acc.add(x),
-        ))
+    if cpu::prefers_outer(b.layout, &axes) {
+        cpu::Accs::from_vec(cpu::reduce_outer::<T, T>(b, &axes, T::ZERO, |acc, x| {
+            acc.add(x)
+        }))
     } else {
-        kernels::reduce::<T, T>(b, &axes, T::ZERO, |acc, d, s, n, st| {
-            acc.add(kernels::sum_row(d, s, n, st))
+        cpu::reduce::<T, T>(b, &axes, T::ZERO, |acc, d, s, n, st| {
+            acc.add(cpu::sum_row(d, s, n, st))
         })
     }
 }
@@ -298,7 +296,7 @@ fn accumulate(pg: NDArray, g: G) -> Result<()> {
         Base::Ones(_) => engine::run_inplace(pg.id, &[], |mut t, _| {
             dispatch_float!(t.dtype, T => {
                 let s = T::from_f64(scale);
-                kernels::assign_unary::<T>(&mut t, move |p| p.add(s));
+                cpu::assign_unary::<T>(&mut t, move |p| p.add(s));
             }, else return Err(NdError::UnsupportedDType { op: OP, dtype: t.dtype, array: t.desc() }));
             Ok(())
         }),
@@ -320,10 +318,10 @@ fn accumulate(pg: NDArray, g: G) -> Result<()> {
             }
             dispatch_float!(t.dtype, T => {
                     if scale == 1.0 {
-                        kernels::assign_binary::<T>(&mut t, b, |p, q| p.add(q));
+                        cpu::assign_binary::<T>(&mut t, b, |p, q| p.add(q));
                     } else {
                         let s = T::from_f64(scale);
-                        kernels::assign_binary::<T>(&mut t, b, move |p, q| p.add(q.mul(s)));
+                        cpu::assign_binary::<T>(&mut t, b, move |p, q| p.add(q.mul(s)));
                     }
                 }, else return Err(NdError::UnsupportedDType { op: OP, dtype: t.dtype, array: t.desc() }));
             Ok(())

@@ -68,8 +68,9 @@
 
 pub(crate) mod backward;
 
+use crate::backend::cpu;
 use crate::dtype::{ScalarValue, dispatch};
-use crate::engine::{self, ArrayId, kernels};
+use crate::engine::{self, ArrayId};
 use crate::error::{NdError, Result, unwrap};
 use crate::shape::Dims;
 use crate::{NDArray, NDScope, Shape};
@@ -532,7 +533,7 @@ pub(crate) fn check_inplace_source(
 /// Set every element of `id` to zero in place.
 fn zero_fill(id: ArrayId) -> Result<()> {
     engine::run_inplace(id, &[], |mut t, _| {
-        dispatch!(t.dtype, T => kernels::assign_unary::<T>(&mut t, |_| <T as crate::dtype::Native>::ZERO));
+        dispatch!(t.dtype, T => cpu::assign_unary::<T>(&mut t, |_| <T as crate::dtype::Native>::ZERO));
         Ok(())
     })
 }

@@ -1,5 +1,6 @@
 //! Diagnostics: verbose mode and memory accounting.
 
+use crate::backend::cpu;
 use crate::engine;
 use std::fmt;
 
@@ -112,7 +113,7 @@ pub(crate) fn human_bytes(b: usize) -> String {
 /// Process-wide memory counters (the system manager's subtree: every array).
 pub fn memory() -> MemoryStats {
     MemoryStats {
-        cached_bytes: engine::storage::pool::cached_bytes(),
+        cached_bytes: cpu::pool::cached_bytes(),
         ..MemoryStats::from_stats(engine::stats(engine::SYSTEM).expect("system manager is live"))
     }
 }
@@ -154,10 +155,10 @@ pub struct CacheStats {
 /// # m.close();
 /// ```
 pub fn cache_stats() -> CacheStats {
-    let (system_allocations, system_frees) = engine::storage::pool::system_counts();
+    let (system_allocations, system_frees) = cpu::pool::system_counts();
     CacheStats {
-        cached_bytes: engine::storage::pool::cached_bytes(),
-        cache_limit: engine::storage::pool::limit(),
+        cached_bytes: cpu::pool::cached_bytes(),
+        cache_limit: cpu::pool::limit(),
         system_allocations,
         system_frees,
     }
@@ -167,12 +168,12 @@ pub fn cache_stats() -> CacheStats {
 /// (like `torch.cuda.empty_cache()`). Live arrays are not affected. Other threads keep
 /// their small per-thread caches (under 1 MiB each) until they exit.
 pub fn empty_cache() {
-    engine::storage::pool::empty();
+    cpu::pool::empty();
 }
 
 /// Cap the bytes the shared pool keeps for reuse (default 1 GiB); blocks freed beyond
 /// the cap go back to the system, and the pool is trimmed now if it is over. `0` turns
 /// caching off entirely. Each thread may keep under 1 MiB of small blocks besides.
 pub fn set_cache_limit(bytes: usize) {
-    engine::storage::pool::set_limit(bytes);
+    cpu::pool::set_limit(bytes);
 }

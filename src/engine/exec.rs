@@ -18,14 +18,14 @@
 //!   target, and write.
 
 use super::arrays::Data;
-use super::kernels::NoFork;
 use super::records::{ArrayRec, Store};
 use super::shard::{Ctx, Shards, add, lock_needed, my_shard};
 use super::slab::{ArrayId, MgrId};
 use super::{Buffer, Layout};
+use crate::backend::cpu::{self, NoFork, Strided, StridedMut};
 use crate::diag::profile;
-use crate::dtype::Native;
-use crate::error::{ArrayDesc, Result, SourceLocation};
+use crate::dtype::{Native, dispatch};
+use crate::error::{ArrayDesc, NdError, Result, SourceLocation};
 use crate::{DType, Shape};
 use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
@@ -107,7 +107,7 @@ impl OperandMut<'_> {
         self.split_mut::<T>().0
     }
 
-    /// The target's data and layout at once (what [`super::kernels::StridedMut`] holds).
+    /// The target's data and layout at once (what [`StridedMut`] holds).
     pub(crate) fn split_mut<T: Native>(&mut self) -> (&mut [T], &Layout) {
         debug_assert_eq!(std::mem::size_of::<T>(), self.dtype.size_in_bytes());
         // SAFETY: built only by `run_inplace`, under the lock of the buffer's shard,
@@ -124,6 +124,40 @@ impl OperandMut<'_> {
             dtype: self.dtype,
             created_at: self.created_at,
         })
+    }
+}
+
+// An operand is what a CPU kernel reads: its data as a typed slice plus its layout.
+impl<'a, T: Native> From<&'a Operand<'_>> for Strided<'a, T> {
+    #[inline]
+    fn from(o: &'a Operand<'_>) -> Self {
+        Strided {
+            data: o.data::<T>(),
+            layout: o.layout,
+        }
+    }
+}
+
+impl<'a, T: Native> From<&'a mut OperandMut<'_>> for StridedMut<'a, T> {
+    #[inline]
+    fn from(o: &'a mut OperandMut<'_>) -> Self {
+        let (data, layout) = o.split_mut::<T>();
+        StridedMut { data, layout }
+    }
+}
+
+/// Copy an operand into a new contiguous buffer of the same dtype.
+pub(crate) fn materialize(o: &Operand<'_>) -> Result<(Buffer, Layout)> {
+    let buf = dispatch!(o.dtype, T => cpu::map_unary::<T, T>(o, |x| x)?);
+    Ok((buf, Layout::contiguous(o.layout.shape.clone())))
+}
+
+/// Error for a dtype an op does not support.
+pub(crate) fn unsupported(op: &'static str, o: &Operand<'_>) -> NdError {
+    NdError::UnsupportedDType {
+        op,
+        dtype: o.dtype,
+        array: o.desc(),
     }
 }
 
@@ -580,11 +614,7 @@ pub(crate) fn run_inplace(
     if ops.iter().any(aliases) {
         copies = ops
             .iter()
-            .map(|o| {
-                aliases(o)
-                    .then(|| super::kernels::materialize(o))
-                    .transpose()
-            })
+            .map(|o| aliases(o).then(|| materialize(o)).transpose())
             .collect::<Result<_>>()?;
         for (o, c) in ops.iter_mut().zip(&copies) {
             if let Some((b, l)) = c {
@@ -609,4 +639,36 @@ pub(crate) fn read<R>(id: ArrayId, f: impl FnOnce(&Operand<'_>) -> R) -> Result<
     let _locked = NoFork::new();
     let o = ctx.operand(id)?;
     Ok(f(&o))
+}
+
+#[cfg(test)]
+mod tests {
+    /// The engine computes an op, an in-place update and a read under its locks with
+    /// forking off, and turns it back on when it lets go.
+    #[test]
+    fn the_engine_holds_no_fork_while_it_computes_under_a_lock() {
+        let m = crate::NDManager::new();
+        let a = m.ones([4], crate::DType::F32);
+        assert!(!super::read(a.id, |_| crate::backend::cpu::may_fork()).unwrap());
+        let mut seen = None;
+        let b = super::run_op("probe", &[a.id], std::panic::Location::caller(), |o| {
+            seen = Some(crate::backend::cpu::may_fork());
+            Ok(super::Output::View {
+                of: 0,
+                layout: o[0].layout.clone(),
+            })
+        })
+        .unwrap();
+        assert_eq!(seen, Some(false));
+        let mut seen = None;
+        super::run_inplace(a.id, &[], |_, _| {
+            seen = Some(crate::backend::cpu::may_fork());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, Some(false));
+        assert!(crate::backend::cpu::may_fork());
+        let _ = b;
+        m.close();
+    }
 }

@@ -4,7 +4,8 @@
 use super::exec::lock_arrays;
 use super::shard::{Ctx, my_shard};
 use super::slab::{ArrayId, MgrId};
-use super::{Buffer, Cause, Layout, Operand, kernels, lock_for_free, lock_record, records};
+use super::{Buffer, Cause, Layout, Operand, lock_for_free, lock_record, records};
+use crate::backend::cpu;
 use crate::error::{Result, SourceLocation};
 use crate::{DType, Shape};
 
@@ -92,9 +93,9 @@ pub(crate) struct GradMut<'a> {
 
 impl GradMut<'_> {
     /// The gradient's whole buffer and layout, as the kernels take them.
-    pub(crate) fn strided<T: crate::dtype::Native>(&mut self) -> kernels::StridedMut<'_, T> {
+    pub(crate) fn strided<T: crate::dtype::Native>(&mut self) -> cpu::StridedMut<'_, T> {
         debug_assert_eq!(std::mem::size_of::<T>(), self.dtype.size_in_bytes());
-        kernels::StridedMut {
+        cpu::StridedMut {
             // SAFETY: built only by `add_to_grads`, under the exclusive lock of the
             // gradient's shard, for a gradient that owns its buffer (`Own`: no view
             // and no outside reader of it exists) and that no value read alongside
@@ -132,7 +133,7 @@ pub(crate) fn add_to_grads(
         return false;
     }
     let ctx = Ctx::one(s);
-    let _locked = kernels::NoFork::new();
+    let _locked = cpu::NoFork::new();
     let sh = ctx.shr(s);
     // Check everything before writing anything.
     let mut grads: smallvec::SmallVec<[Option<&records::ArrayRec>; 4]> = smallvec::SmallVec::new();

@@ -44,9 +44,10 @@
 //! * A freed record leaves a tombstone ([`records::Tomb`]) in its shard's graveyard
 //!   ring (the last [`shard::CLOSED_DETAILS_KEPT`] frees of that shard) that makes
 //!   use-after-close errors say what the array was and where and why it was freed.
-//! * **Ops** ([`exec`]): kernels read slices plus a [`Layout`]; the op path resolves
-//!   inputs, computes and registers the result (see that module for when a lock is
-//!   held). User code (a [`Resource`]'s `close`) never runs under a lock.
+//! * **Ops** ([`exec`]): the op path resolves inputs, runs a backend kernel and registers
+//!   the result. Kernels and buffers live in the backend layer (`crate::backend`), which
+//!   sees slices, [`Layout`]s and dtypes and imports nothing from here. [`exec`] says
+//!   when a lock is held. User code (a [`Resource`]'s `close`) never runs under a lock.
 //! * **Gradients** ([`grads`]): what autograd asks of the engine (a parameter's
 //!   gradient, zeroing and accumulating gradients in place under one lock, what
 //!   recording an op reads, tape holds).
@@ -55,33 +56,30 @@
 //! additionally serialises on its own lock, taken before any other.
 
 mod arrays;
-#[cfg(feature = "openblas")]
-mod blas;
 mod count_alloc;
 mod exec;
 mod grads;
-pub(crate) mod kernels;
-pub(crate) mod layout;
 mod managers;
 mod records;
 mod scopes;
 mod shard;
 pub(crate) mod slab;
-pub(crate) mod storage;
 mod tasks;
 
+pub(crate) use crate::backend::cpu::Buffer;
+pub(crate) use crate::layout::Layout;
 pub use count_alloc::CountingAllocator;
-pub(crate) use exec::{Operand, OperandMut, Output, create, read, run_inplace, run_op};
+pub(crate) use exec::{
+    Operand, Output, create, materialize, read, run_inplace, run_op, unsupported,
+};
 pub(crate) use grads::{
     TapeInfo, add_to_grads, drop_grad, grad, hold_all, install_grad, is_mine, is_param, loss_info,
     tape_info, unhold_all, zero_my_param_grads,
 };
-pub(crate) use layout::Layout;
 pub(crate) use managers::{SYSTEM, Stats};
 pub(crate) use records::Cause;
 pub use records::Resource;
 pub(crate) use slab::{ArrayId, MgrId, ScopeId};
-pub(crate) use storage::Buffer;
 pub(crate) use tasks::{
     close_task, current_scope, current_task_records, open_task_record, replace_current_scope,
     scopes_stats, set_task_parent, task_escape, this_shard,

@@ -5,8 +5,9 @@ use super::raw::{Bytes, check_names, format_error, read_file};
 use super::safetensors::{entries, write};
 use crate::NDArray;
 use crate::dtype::dispatch;
-use crate::engine::{self, layout::for_each_row};
+use crate::engine;
 use crate::error::{Result, unwrap};
+use crate::layout::for_each_row;
 use std::collections::HashMap;
 use std::path::Path;
 

@@ -77,11 +77,11 @@ pub use safetensors::{
 /// Conversions between arrays and raw little-endian bytes, shared by the formats.
 #[cfg(feature = "io")]
 mod raw {
+    use crate::backend::cpu::new_overwritten;
     use crate::dtype::{Native, dispatch};
-    use crate::engine::layout::for_each_row;
-    use crate::engine::storage::new_overwritten;
     use crate::engine::{self, Buffer};
     use crate::error::{NdError, Result, SourceLocation};
+    use crate::layout::for_each_row;
     use crate::{DType, NDArray, NDManager, Shape};
     use std::path::Path;
 

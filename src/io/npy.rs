@@ -6,8 +6,8 @@ use super::raw::{
     Raw, byte_vec, check_manager, check_names, checked_bytes, close_all, create, decode,
     format_error, io_error, open_file, read_raw,
 };
-use crate::engine::layout::for_each_row;
 use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::layout::for_each_row;
 use crate::shape::Dims;
 use crate::{DType, NDArray, NDManager, Shape};
 use std::io::{Read, Write};

@@ -40,8 +40,9 @@
 
 use crate::autograd;
 use crate::dtype::{Native, dispatch_float};
-use crate::engine::{self, layout::for_each_row};
+use crate::engine;
 use crate::error::{NdError, Result, unwrap};
+use crate::layout::for_each_row;
 use crate::random;
 use crate::{DType, NDArray, NDManager, Shape};
 

@@ -8,8 +8,9 @@
 use crate::NDArray;
 use crate::autograd;
 use crate::dtype::{Float, dispatch_float};
-use crate::engine::{self, Layout, layout::for_each_row};
+use crate::engine::{self, Layout};
 use crate::error::{NdError, Result};
+use crate::layout::for_each_row;
 
 /// One elementwise update rule `t = apply(t, a, b)`, instantiated per float type.
 pub(crate) trait Update {

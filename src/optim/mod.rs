@@ -60,6 +60,7 @@ pub use adam::{Adam, AdamConfig, AdamW};
 pub use schedule::{CosineAnnealing, LrScheduler, StepLr};
 pub use sgd::{Sgd, SgdConfig};
 
+use crate::backend::cpu;
 use crate::dtype::dispatch;
 use crate::engine;
 use crate::error::{NdError, Result, unwrap};
@@ -118,7 +119,7 @@ pub trait Optimizer {
             engine::run_inplace(g.id, &[], |mut t, _| {
                 dispatch!(t.dtype, T => {
                     let z = <T as crate::dtype::Native>::ZERO;
-                    engine::kernels::assign_unary::<T>(&mut t, move |_| z)
+                    cpu::assign_unary::<T>(&mut t, move |_| z)
                 });
                 Ok(())
             })?;

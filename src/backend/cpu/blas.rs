@@ -2,10 +2,10 @@
 //!
 //! `gemm` (pure Rust, the default) matches OpenBLAS where it can use AVX-512, but its
 //! AVX2 kernels reach about two thirds of OpenBLAS's single-core rate on an AVX2-only
-//! CPU (BENCHMARKS.md). With the feature on, [`super::kernels::matmul_2d`] hands the
+//! CPU (BENCHMARKS.md). With the feature on, [`super::matmul::matmul_2d`] hands the
 //! products that are large enough to be worth it to `cblas_sgemm` / `cblas_dgemm`,
 //! when both operands have unit stride along one axis (what CBLAS can describe) and
-//! the calling thread may use every core ([`super::kernels::may_fork`]: no shard lock
+//! the calling thread may use every core ([`super::fork::may_fork`]: no shard lock
 //! held, not a rayon worker). Everything else stays on `gemm`. OpenBLAS runs its own
 //! threads, which never run ndscope code, so calling it cannot re-enter the engine.
 //!
@@ -13,7 +13,7 @@
 //! 32-bit integers (the usual build) is assumed, so dimensions past `i32::MAX` stay on
 //! `gemm`.
 
-use super::kernels::Mat;
+use super::strided::Mat;
 use crate::dtype::Native;
 use std::any::TypeId;
 

@@ -1,4 +1,4 @@
-//! The caching allocator behind [`super::Buffer`] (like PyTorch's caching allocator).
+//! The caching allocator behind [`super::buffer::Buffer`] (like PyTorch's caching allocator).
 //!
 //! Requests are rounded up to **size classes**: 64 bytes, then four classes per power of
 //! two (`5/4, 6/4, 7/4, 8/4` of the lower power), so a block is at most 25% larger than
@@ -32,7 +32,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use super::ALIGN;
+/// Alignment of every buffer, in bytes (a cache line; enough for any SIMD width).
+pub(crate) const ALIGN: usize = 64;
 
 /// Class tag of an empty buffer (no block).
 pub(crate) const NO_CLASS: u32 = u32::MAX >> 1;

@@ -8,15 +8,12 @@
 //! that finds reads in flight announces itself (`writers`), and outside reads that
 //! would start meanwhile wait for it (see `engine/exec.rs`).
 
+use super::pool::{self, ALIGN};
 use crate::dtype::Native;
 use crate::error::{NdError, Result};
 use std::ptr::NonNull;
 
-pub(crate) mod pool;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// Alignment of every buffer, in bytes (a cache line; enough for any SIMD width).
-pub(crate) const ALIGN: usize = 64;
 
 /// A type with the buffers' alignment, for the dangling pointer of empty buffers.
 #[repr(align(64))]
@@ -36,28 +33,6 @@ pub(crate) struct Buffer {
     /// new outside reads wait for them, so a stream of reads cannot starve a writer.
     writers: AtomicUsize,
 }
-
-/// Element types whose bytes a [`Buffer`] may be viewed as: every bit pattern of
-/// `size_of::<Self>()` bytes is a valid value, there is no padding, and the alignment
-/// is at most 64 (a buffer's). [`Buffer::slice`] relies on it, so implementing it is
-/// `unsafe`; the engine implements it for the five machine types and `Native` (the
-/// kernels' element trait) requires it.
-///
-/// # Safety
-/// Implement only for types meeting the three conditions above.
-pub(crate) unsafe trait Plain: Copy + 'static {}
-
-// SAFETY: primitive integers and floats: no padding, every bit pattern valid (NaN
-// payloads included), alignment <= 8.
-unsafe impl Plain for u8 {}
-// SAFETY: as above.
-unsafe impl Plain for i32 {}
-// SAFETY: as above.
-unsafe impl Plain for i64 {}
-// SAFETY: as above.
-unsafe impl Plain for f32 {}
-// SAFETY: as above.
-unsafe impl Plain for f64 {}
 
 // SAFETY: `Buffer` owns its block exclusively (like `Vec<u8>`); shared access is
 // coordinated by the engine: reads of immutable data from several threads are fine, and

@@ -1,0 +1,268 @@
+//! Elementwise kernels: maps, zips and in-place assignments over strided data, built
+//! on [`for_each_row`], whose rows are contiguous for contiguous arrays (so the inner
+//! loops vectorise) and strided otherwise. Inner loops special-case the stride patterns
+//! that matter: 1 (contiguous) and 0 (broadcast).
+
+use super::buffer::{Buffer, new_overwritten};
+use super::fork::{PARALLEL_ELEMS, fork, may_fork};
+use super::strided::{Strided, StridedMut};
+use crate::dtype::Native;
+use crate::error::Result;
+use crate::layout::{for_each_row, for_each_row_any_order};
+use crate::shape::Shape;
+use rayon::prelude::*;
+
+/// The operand's elements in row-major order.
+pub(crate) fn to_vec<'a, T: Native>(x: impl Into<Strided<'a, T>>) -> Vec<T> {
+    let Strided { data, layout: l } = x.into();
+    let mut out = Vec::with_capacity(l.size());
+    for_each_row(l.shape.dims(), [&l.strides], [l.offset], |off, n, s| {
+        let (start, step) = (off[0], s[0]);
+        if step == 1 {
+            out.extend_from_slice(&data[start as usize..start as usize + n]);
+        } else {
+            out.extend((0..n as isize).map(|i| data[(start + i * step) as usize]));
+        }
+    });
+    out
+}
+
+/// `out[i] = f(x[i])` into a new contiguous buffer.
+pub(crate) fn map_unary<'a, T: Native, U: Native>(
+    x: impl Into<Strided<'a, T>>,
+    f: impl Fn(T) -> U + Sync + Send + Copy,
+) -> Result<Buffer> {
+    let Strided {
+        data: src,
+        layout: l,
+    } = x.into();
+    let n = l.size();
+    new_overwritten::<U>(n, |out| {
+        // A zero-size view may carry an offset past the end of its (empty) buffer.
+        if n == 0 {
+            return;
+        }
+        if l.is_contiguous() {
+            let src = &src[l.offset..l.offset + n];
+            if n >= PARALLEL_ELEMS && may_fork() {
+                fork(|| {
+                    out.par_chunks_mut(PARALLEL_ELEMS / 4)
+                        .zip(src.par_chunks(PARALLEL_ELEMS / 4))
+                        .for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &x)| *o = f(x)))
+                });
+            } else {
+                out.iter_mut().zip(src).for_each(|(o, &x)| *o = f(x));
+            }
+            return;
+        }
+        let out_strides = l.shape.contiguous_strides();
+        for_each_row_any_order(
+            l.shape.dims(),
+            [&out_strides, &l.strides],
+            [0, l.offset],
+            |off, len, s| {
+                let (o0, s0) = (off[0] as usize, off[1]);
+                if s[0] == 1 && s[1] == 1 {
+                    out[o0..o0 + len]
+                        .iter_mut()
+                        .zip(&src[s0 as usize..s0 as usize + len])
+                        .for_each(|(o, &x)| *o = f(x));
+                } else {
+                    for i in 0..len as isize {
+                        out[(off[0] + i * s[0]) as usize] = f(src[(s0 + i * s[1]) as usize]);
+                    }
+                }
+            },
+        );
+    })
+}
+
+/// `out = f(a, b)` with numpy broadcasting into a new contiguous buffer of `shape`.
+pub(crate) fn map_binary<'a, 'b, T: Native, U: Native>(
+    a: impl Into<Strided<'a, T>>,
+    b: impl Into<Strided<'b, T>>,
+    shape: &Shape,
+    f: impl Fn(T, T) -> U + Sync + Send + Copy,
+) -> Result<Buffer> {
+    let (
+        Strided {
+            data: da,
+            layout: la,
+        },
+        Strided {
+            data: db,
+            layout: lb,
+        },
+    ) = (a.into(), b.into());
+    let n = shape.size();
+    new_overwritten::<U>(n, |out| {
+        // Zero-size views may carry offsets past the end of their (empty) buffers.
+        if n == 0 {
+            return;
+        }
+        if la.shape == *shape && lb.shape == *shape && la.is_contiguous() && lb.is_contiguous() {
+            let (sa, sb) = (&da[la.offset..la.offset + n], &db[lb.offset..lb.offset + n]);
+            if n >= PARALLEL_ELEMS && may_fork() {
+                let c = PARALLEL_ELEMS / 4;
+                fork(|| {
+                    out.par_chunks_mut(c)
+                        .zip(sa.par_chunks(c).zip(sb.par_chunks(c)))
+                        .for_each(|(o, (x, y))| zip2(o, x, y, f))
+                });
+            } else {
+                zip2(out, sa, sb, f);
+            }
+            return;
+        }
+        // A contiguous array and a single element (`x + b` with a [1] bias): one row
+        // with the single element's stride 0.
+        let (oa, ob) = (la.offset as isize, lb.offset as isize);
+        if la.shape == *shape && la.is_contiguous() && lb.size() == 1 {
+            return binary_row(out, da, oa, 1, db, ob, 0, f);
+        }
+        if lb.shape == *shape && lb.is_contiguous() && la.size() == 1 {
+            return binary_row(out, da, oa, 0, db, ob, 1, f);
+        }
+        let out_strides = shape.contiguous_strides();
+        let (sa, sb) = (la.broadcast_strides(shape), lb.broadcast_strides(shape));
+        for_each_row_any_order(
+            shape.dims(),
+            [&out_strides, &sa, &sb],
+            [0, la.offset, lb.offset],
+            |off, len, s| {
+                if s[0] == 1 {
+                    let dst = &mut out[off[0] as usize..off[0] as usize + len];
+                    binary_row(dst, da, off[1], s[1], db, off[2], s[2], f);
+                } else {
+                    // A row along another dimension than the output's last.
+                    for i in 0..len as isize {
+                        out[(off[0] + i * s[0]) as usize] = f(
+                            da[(off[1] + i * s[1]) as usize],
+                            db[(off[2] + i * s[2]) as usize],
+                        );
+                    }
+                }
+            },
+        );
+    })
+}
+
+#[inline(always)]
+fn zip2<T: Copy, U>(out: &mut [U], a: &[T], b: &[T], f: impl Fn(T, T) -> U) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = f(x, y);
+    }
+}
+
+/// One row of a binary op with the stride patterns that matter specialised.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn binary_row<T: Copy, U>(
+    dst: &mut [U],
+    da: &[T],
+    oa: isize,
+    sa: isize,
+    db: &[T],
+    ob: isize,
+    sb: isize,
+    f: impl Fn(T, T) -> U,
+) {
+    let n = dst.len();
+    match (sa, sb) {
+        (1, 1) => zip2(
+            dst,
+            &da[oa as usize..oa as usize + n],
+            &db[ob as usize..ob as usize + n],
+            f,
+        ),
+        (1, 0) => {
+            let y = db[ob as usize];
+            for (o, &x) in dst.iter_mut().zip(&da[oa as usize..oa as usize + n]) {
+                *o = f(x, y);
+            }
+        }
+        (0, 1) => {
+            let x = da[oa as usize];
+            for (o, &y) in dst.iter_mut().zip(&db[ob as usize..ob as usize + n]) {
+                *o = f(x, y);
+            }
+        }
+        _ => {
+            for (i, o) in dst.iter_mut().enumerate() {
+                let i = i as isize;
+                *o = f(da[(oa + i * sa) as usize], db[(ob + i * sb) as usize]);
+            }
+        }
+    }
+}
+
+/// In place: `t = f(t, b)`, `b` broadcast to `t`'s shape (checked by the caller).
+pub(crate) fn assign_binary<'a, 'b, T: Native>(
+    t: impl Into<StridedMut<'a, T>>,
+    b: impl Into<Strided<'b, T>>,
+    f: impl Fn(T, T) -> T + Copy,
+) {
+    let StridedMut {
+        data: dt,
+        layout: lt,
+    } = t.into();
+    let Strided {
+        data: db,
+        layout: lb,
+    } = b.into();
+    if lt.is_contiguous() && lb.shape == lt.shape && lb.is_contiguous() {
+        // The common case (`w -= g * lr`): two plain runs.
+        let n = lt.size();
+        if n > 0 {
+            let t = &mut dt[lt.offset..lt.offset + n];
+            for (p, &q) in t.iter_mut().zip(&db[lb.offset..lb.offset + n]) {
+                *p = f(*p, q);
+            }
+        }
+        return;
+    }
+    let sb = lb.broadcast_strides(&lt.shape);
+    let boff = lb.offset;
+    for_each_row_any_order(
+        lt.shape.dims(),
+        [&lt.strides, &sb],
+        [lt.offset, boff],
+        |off, len, s| {
+            for i in 0..len as isize {
+                let ti = (off[0] + i * s[0]) as usize;
+                dt[ti] = f(dt[ti], db[(off[1] + i * s[1]) as usize]);
+            }
+        },
+    );
+}
+
+/// In place: `t = f(t)`.
+pub(crate) fn assign_unary<'a, T: Native>(
+    t: impl Into<StridedMut<'a, T>>,
+    f: impl Fn(T) -> T + Copy,
+) {
+    let StridedMut {
+        data: dt,
+        layout: lt,
+    } = t.into();
+    if lt.is_contiguous() {
+        let n = lt.size();
+        if n > 0 {
+            dt[lt.offset..lt.offset + n]
+                .iter_mut()
+                .for_each(|p| *p = f(*p));
+        }
+        return;
+    }
+    for_each_row_any_order(
+        lt.shape.dims(),
+        [&lt.strides],
+        [lt.offset],
+        |off, len, s| {
+            for i in 0..len as isize {
+                let ti = (off[0] + i * s[0]) as usize;
+                dt[ti] = f(dt[ti]);
+            }
+        },
+    );
+}

@@ -1,0 +1,77 @@
+//! When and where large kernels split their work across threads.
+
+/// Contiguous element counts above which elementwise loops are split across threads.
+pub(super) const PARALLEL_ELEMS: usize = 1 << 18;
+
+// Large kernels split their work across ndscope's own rayon pool ([`fork`]), never
+// rayon's global pool, and only from a thread that holds no shard lock and is not a
+// rayon worker. A rayon worker that waits in a join runs other tasks of its pool
+// meanwhile (from its own queue, or stolen). Were kernels split on the pool that runs
+// user code (data-parallel training in `par_iter`), such a task could run in the middle
+// of the interrupted op, on the same thread: its ops would block on a shard lock that
+// the thread already holds, it would see that thread's open scopes and recording
+// collector, and an in-place write it made to an array the op reads with no lock held
+// would wait for the op, which waits for that worker (the stolen-writer deadlock). The
+// kernel pool runs nothing but kernel splits, which take no lock and wait for nothing
+// but each other. A thread outside any pool waits for `install` without running
+// anything else, so it may fork when it holds no lock. A rayon worker may not: waiting
+// for another pool, it would run its own pool's tasks meanwhile. Work under a lock is
+// small by design (`exec::OUTSIDE_LOCK_WORK`); the exceptions (a broadcast to a big
+// result, a mid-size matmul, an in-place update or a gradient sum of a big parameter)
+// run on the calling thread alone, as do all kernels called from inside rayon tasks.
+thread_local! {
+    static LOCKED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks the calling thread as holding a shard lock while alive: kernels run meanwhile
+/// do not fork ([`may_fork`]). Take it right after locking and keep it until unlocking.
+pub(crate) struct NoFork(());
+
+impl NoFork {
+    #[inline]
+    pub(crate) fn new() -> NoFork {
+        LOCKED.with(|c| c.set(c.get() + 1));
+        NoFork(())
+    }
+}
+
+impl Drop for NoFork {
+    #[inline]
+    fn drop(&mut self) {
+        LOCKED.with(|c| c.set(c.get() - 1));
+    }
+}
+
+/// Whether a kernel may split its work across the kernel pool ([`fork`]): not while
+/// this thread holds a shard lock (see [`NoFork`]), and not on a worker thread of any
+/// rayon pool (the kernel pool's own, or one that runs user code).
+#[inline]
+pub(crate) fn may_fork() -> bool {
+    LOCKED.with(|c| c.get() == 0) && rayon::current_thread_index().is_none()
+}
+
+/// ndscope's kernel pool: the threads that run the splits of large kernels, and only
+/// those (see the comment above [`NoFork`]). Started on the first fork; as many threads
+/// as rayon's global pool would have (`RAYON_NUM_THREADS`, else one per CPU).
+fn kernel_pool() -> &'static rayon::ThreadPool {
+    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("ndscope-kernel-{i}"))
+            .build()
+            .expect("ndscope could not start its kernel threads")
+    })
+}
+
+/// Run `f`, whose parallel loops split across the kernel pool, and wait for it. Call
+/// only where [`may_fork`] holds: the calling thread then waits without running
+/// anything else.
+pub(crate) fn fork<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    debug_assert!(may_fork());
+    kernel_pool().install(f)
+}
+
+/// The number of threads a forked kernel splits its work across.
+pub(crate) fn fork_threads() -> usize {
+    kernel_pool().current_num_threads()
+}

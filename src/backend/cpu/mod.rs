@@ -1,0 +1,32 @@
+//! The CPU backend: 64-byte-aligned host buffers from a caching pool, and kernels that
+//! loop over plain slices.
+//!
+//! A kernel reads [`Strided`] data (a slice plus the [`Layout`](crate::layout::Layout)
+//! that maps indices into it) and writes a new [`Buffer`] or a [`StridedMut`]. It knows
+//! nothing of the registry, so it is tested on plain vectors (`tests.rs` beside this
+//! file). The engine turns an op's resolved inputs into these views.
+//!
+//! * [`buffer`]: data blocks, and the [`pool`] that recycles them;
+//! * [`strided`]: the typed views kernels read and write;
+//! * [`elementwise`], [`reduce`], [`matmul`] (and `blas`, the optional OpenBLAS path):
+//!   the kernels shared by many ops;
+//! * [`fork`]: when a large kernel may split its work across threads, and where.
+
+#[cfg(feature = "openblas")]
+mod blas;
+pub(crate) mod buffer;
+pub(crate) mod elementwise;
+pub(crate) mod fork;
+pub(crate) mod matmul;
+pub(crate) mod pool;
+pub(crate) mod reduce;
+pub(crate) mod strided;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use buffer::{Buffer, new_filled, new_overwritten};
+pub(crate) use elementwise::{assign_binary, assign_unary, map_binary, map_unary, to_vec};
+pub(crate) use fork::{NoFork, fork, may_fork};
+pub(crate) use matmul::matmul_2d;
+pub(crate) use reduce::{Accs, prefers_outer, reduce, reduce_outer, sum_row};
+pub(crate) use strided::{Mat, Strided, StridedMut};

@@ -1,0 +1,342 @@
+//! The CPU backend driven with plain vectors: no registry, no manager, nothing of the
+//! engine. Every kernel here reads a slice plus a layout and writes a buffer or a slice.
+
+use super::fork::PARALLEL_ELEMS;
+use super::fork::fork_threads;
+use super::*;
+use crate::dtype::Native;
+use crate::layout::Layout;
+use crate::shape::Shape;
+
+fn layout(shape: &[usize], strides: &[isize], offset: usize) -> Layout {
+    Layout {
+        shape: Shape::from(shape.to_vec()),
+        strides: strides.iter().copied().collect(),
+        offset,
+    }
+}
+
+fn read<T: Native>(b: &Buffer) -> Vec<T> {
+    // SAFETY: a fresh buffer no one else holds.
+    unsafe { b.slice::<T>() }.to_vec()
+}
+
+#[test]
+fn unary_over_a_reversed_strided_view() {
+    // [[0 1 2] [3 4 5]] transposed and the columns reversed: [[2 5] [1 4] [0 3]].
+    let data: Vec<f32> = (0..6).map(|v| v as f32).collect();
+    let l = layout(&[3, 2], &[-1, 3], 2);
+    let x = Strided {
+        data: &data,
+        layout: &l,
+    };
+    assert_eq!(to_vec(x), vec![2.0, 5.0, 1.0, 4.0, 0.0, 3.0]);
+    let b = map_unary::<f32, f32>(x, |v| v * 10.0).unwrap();
+    assert_eq!(read::<f32>(&b), vec![20.0, 50.0, 10.0, 40.0, 0.0, 30.0]);
+}
+
+#[test]
+fn binary_broadcasts_a_row_and_a_column() {
+    let (a, b) = (vec![1i64, 2, 3], vec![10i64, 20]);
+    let (la, lb) = (layout(&[1, 3], &[3, 1], 0), layout(&[2, 1], &[1, 1], 0));
+    let shape = Shape::from(vec![2, 3]);
+    let out = map_binary::<i64, i64>(
+        Strided {
+            data: &a,
+            layout: &la,
+        },
+        Strided {
+            data: &b,
+            layout: &lb,
+        },
+        &shape,
+        |x, y| x + y,
+    )
+    .unwrap();
+    assert_eq!(read::<i64>(&out), vec![11, 12, 13, 21, 22, 23]);
+}
+
+#[test]
+fn in_place_writes_only_the_view() {
+    let mut t = vec![0.0f64; 6];
+    let lt = layout(&[3], &[2], 1); // elements 1, 3, 5
+    let src = vec![1.0, 2.0, 3.0];
+    let ls = layout(&[3], &[1], 0);
+    assign_binary::<f64>(
+        StridedMut {
+            data: &mut t,
+            layout: &lt,
+        },
+        Strided {
+            data: &src,
+            layout: &ls,
+        },
+        |a, b| a + b,
+    );
+    assign_unary::<f64>(
+        StridedMut {
+            data: &mut t,
+            layout: &lt,
+        },
+        |a| a * 2.0,
+    );
+    assert_eq!(t, vec![0.0, 2.0, 0.0, 4.0, 0.0, 6.0]);
+}
+
+#[test]
+fn reduce_over_a_non_last_axis() {
+    // [[1 2 3] [4 5 6]] summed over axis 0.
+    let data = vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let l = layout(&[2, 3], &[3, 1], 0);
+    let sums = reduce::<f32, f32>(
+        Strided {
+            data: &data,
+            layout: &l,
+        },
+        &[0],
+        0.0,
+        |acc, d, s, n, st| acc + sum_row(d, s, n, st),
+    );
+    assert_eq!(sums.to_vec(), vec![5.0, 7.0, 9.0]);
+}
+
+#[test]
+fn outer_reduction_matches_lane_reduction() {
+    // [2, 3, 4] reduced over every non-empty set of axes, contiguous and transposed.
+    let data: Vec<f64> = (0..24).map(|v| (v * 7 % 11) as f64).collect();
+    let layouts = [
+        layout(&[2, 3, 4], &[12, 4, 1], 0),
+        layout(&[4, 3, 2], &[1, 4, 12], 0),
+        layout(&[2, 3, 4], &[12, 4, -1], 3),
+    ];
+    for l in &layouts {
+        for axes in [
+            &[0usize][..],
+            &[1],
+            &[2],
+            &[0, 1],
+            &[0, 2],
+            &[1, 2],
+            &[0, 1, 2],
+        ] {
+            let x = Strided {
+                data: &data,
+                layout: l,
+            };
+            let lanes =
+                reduce::<f64, f64>(x, axes, 0.0, |acc, d, s, n, st| acc + sum_row(d, s, n, st));
+            let outer = reduce_outer::<f64, f64>(x, axes, 0.0, |acc, v| acc + v);
+            assert_eq!(
+                lanes.to_vec(),
+                outer,
+                "axes {axes:?} strides {:?}",
+                l.strides
+            );
+            let maxes = reduce::<f64, f64>(x, axes, f64::MIN, |acc, d, s, n, st| {
+                (0..n as isize).fold(acc, |a, i| a.max(d[(s + i * st) as usize]))
+            });
+            assert_eq!(
+                maxes.to_vec(),
+                reduce_outer::<f64, f64>(x, axes, f64::MIN, f64::max)
+            );
+        }
+    }
+    let rows = layout(&[2, 3, 4], &[12, 4, 1], 0);
+    assert!(prefers_outer(&rows, &[0]));
+    assert!(!prefers_outer(&rows, &[2]));
+    assert!(!prefers_outer(&layouts[1], &[0]));
+}
+
+/// Reductions big enough to split across threads (by output) give exactly what a
+/// plain loop over every element gives, for every set of axes, on contiguous,
+/// reversed and transposed layouts; and the same bits on one thread as on all of
+/// rayon's.
+#[test]
+fn reductions_split_across_threads_match_a_plain_loop() {
+    let dims = [64usize, 72, 80];
+    let n: usize = dims.iter().product();
+    assert!(n >= PARALLEL_ELEMS);
+    // Integer values: sums are exact whatever the order.
+    let ints: Vec<f64> = (0..n).map(|v| (v * 7 % 11) as f64).collect();
+    let layouts = [
+        layout(&[64, 72, 80], &[72 * 80, 80, 1], 0),
+        layout(&[80, 72, 64], &[1, 80, 72 * 80], 0),
+        layout(&[64, 72, 80], &[72 * 80, 80, -1], 79),
+    ];
+    for l in &layouts {
+        for axes in [&[0usize][..], &[1], &[2], &[0, 1], &[0, 2], &[1, 2]] {
+            // The reference: every element added to its output by index.
+            let kept: Vec<usize> = (0..3).filter(|d| !axes.contains(d)).collect();
+            let d = l.shape.dims();
+            let mut want = vec![0.0; kept.iter().map(|&k| d[k]).product()];
+            for i in 0..d[0] {
+                for j in 0..d[1] {
+                    for k in 0..d[2] {
+                        let idx = [i, j, k];
+                        let o = kept.iter().fold(0, |o, &q| o * d[q] + idx[q]);
+                        let at = l.offset as isize
+                            + (0..3)
+                                .map(|q| idx[q] as isize * l.strides[q])
+                                .sum::<isize>();
+                        want[o] += ints[at as usize];
+                    }
+                }
+            }
+            let x = Strided {
+                data: &ints,
+                layout: l,
+            };
+            let lanes =
+                reduce::<f64, f64>(x, axes, 0.0, |acc, d, s, n, st| acc + sum_row(d, s, n, st));
+            assert_eq!(
+                lanes.to_vec(),
+                want,
+                "lanes, axes {axes:?} strides {:?}",
+                l.strides
+            );
+            let outer = reduce_outer::<f64, f64>(x, axes, 0.0, |acc, v| acc + v);
+            assert_eq!(outer, want, "outer, axes {axes:?} strides {:?}", l.strides);
+        }
+    }
+    // Fractions: the split keeps each output's order, so the bits do not depend on
+    // the number of threads.
+    let fracs: Vec<f32> = (0..n)
+        .map(|v| ((v * 37 % 101) as f32).sqrt() / 7.0)
+        .collect();
+    let run = || {
+        let x = Strided {
+            data: &fracs,
+            layout: &layouts[0],
+        };
+        let outer = reduce_outer::<f32, f32>(x, &[0], 0.0, |acc, v| acc + v);
+        let lanes = reduce::<f32, f32>(x, &[2], 0.0, |acc, d, s, n, st| acc + sum_row(d, s, n, st));
+        (outer, lanes.to_vec())
+    };
+    // On a rayon worker kernels do not fork; from this thread they use the pool.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let (one, many) = (pool.install(run), run());
+    assert_eq!(one, many);
+    // ... and an output's elements are added in row order, as a plain loop does.
+    let cols = 72 * 80;
+    let mut plain = vec![0.0f32; cols];
+    for r in 0..64 {
+        for (p, &v) in plain.iter_mut().zip(&fracs[r * cols..(r + 1) * cols]) {
+            *p += v;
+        }
+    }
+    assert_eq!(one.0, plain);
+}
+
+/// Under [`NoFork`] (what the engine holds while it computes under a shard lock) a
+/// reduction big enough to split runs entirely on the calling thread; without it,
+/// the kernel pool's threads (and only those) take part, unless the caller is itself
+/// a rayon task. Guards may nest.
+#[test]
+fn kernels_do_not_fork_under_a_shard_lock() {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    let n = 64 * 4096;
+    assert!(n >= PARALLEL_ELEMS);
+    let data: Vec<f32> = (0..n).map(|v| (v % 3) as f32).collect();
+    let l = layout(&[64, 4096], &[4096, 1], 0);
+    let threads_used = || {
+        let seen = Mutex::new(HashSet::new());
+        let x = Strided {
+            data: &data,
+            layout: &l,
+        };
+        reduce_outer::<f32, f32>(x, &[0], 0.0, |acc, v| {
+            seen.lock().unwrap().insert(std::thread::current().id());
+            acc + v
+        });
+        reduce::<f32, f32>(x, &[1], 0.0, |acc, d, s, n, st| {
+            seen.lock().unwrap().insert(std::thread::current().id());
+            acc + sum_row(d, s, n, st)
+        });
+        seen.into_inner().unwrap()
+    };
+    let me = std::thread::current().id();
+    {
+        let _outer = NoFork::new();
+        let _inner = NoFork::new();
+        assert!(!may_fork());
+        assert_eq!(threads_used(), HashSet::from([me]));
+    }
+    assert!(may_fork());
+    // A split kernel runs on the kernel pool alone: never on rayon's global pool,
+    // whose workers may be running user tasks.
+    let names = Mutex::new(HashSet::new());
+    let x = Strided {
+        data: &data,
+        layout: &l,
+    };
+    reduce_outer::<f32, f32>(x, &[0], 0.0, |acc, v| {
+        let t = std::thread::current();
+        names.lock().unwrap().insert(t.name().map(str::to_owned));
+        acc + v
+    });
+    let names = names.into_inner().unwrap();
+    assert!(
+        names.iter().all(|n| n
+            .as_deref()
+            .is_some_and(|n| n.starts_with("ndscope-kernel-"))),
+        "{names:?}"
+    );
+    if fork_threads() > 1 {
+        assert!(threads_used().iter().any(|&t| t != me));
+    }
+    // Called from inside a rayon task, a kernel runs on that task's thread alone.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        assert!(!may_fork());
+        assert_eq!(threads_used(), HashSet::from([std::thread::current().id()]));
+    });
+}
+
+/// Products below and above `matmul::TINY_MATMUL_FLOPS` (the plain loop and gemm) agree
+/// with an f64 reference, on a transposed left operand read with negative and
+/// positive strides.
+#[test]
+fn tiny_and_gemm_products_agree_with_a_reference() {
+    for (m, k, n) in [(2, 64, 1), (4, 16, 4), (3, 7, 5), (4, 64, 2), (8, 40, 8)] {
+        // `a` is stored as [k, m] and read transposed, rows reversed.
+        let da: Vec<f32> = (0..k * m)
+            .map(|v| ((v * 37 % 17) as f32 - 8.0) / 4.0)
+            .collect();
+        let db: Vec<f32> = (0..k * n)
+            .map(|v| ((v * 11 % 13) as f32 - 6.0) / 3.0)
+            .collect();
+        let a = Mat {
+            data: &da,
+            off: (m - 1) as isize,
+            rs: -1,
+            cs: m as isize,
+        };
+        let b = Mat {
+            data: &db,
+            off: 0,
+            rs: n as isize,
+            cs: 1,
+        };
+        let mut out = vec![0f32; m * n];
+        matmul_2d(m, n, k, a, b, &mut out);
+        for i in 0..m {
+            for j in 0..n {
+                let want: f64 = (0..k)
+                    .map(|p| da[p * m + (m - 1 - i)] as f64 * db[p * n + j] as f64)
+                    .sum();
+                let got = out[i * n + j] as f64;
+                assert!(
+                    (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                    "({m},{k},{n}) [{i},{j}]: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
