@@ -204,6 +204,7 @@
 mod array;
 mod autograd;
 mod backend;
+pub mod config;
 pub mod data;
 mod diag;
 mod dtype;
@@ -225,7 +226,7 @@ pub use array::{NDArray, Rhs};
 pub use autograd::{GradientCollector, no_grad};
 pub use diag::{
     CacheStats, LeakReport, LeakSite, LeakWarning, LeakWatch, MemoryStats, OpRecord, Profile,
-    assert_no_leaks, cache_stats, check_leaks, config, empty_cache, leak_report, memory, profile,
+    assert_no_leaks, cache_stats, check_leaks, empty_cache, leak_report, memory, profile,
     reset_peak, set_cache_limit,
 };
 pub use dtype::{DType, Element, Scalar, ScalarValue};

@@ -2,31 +2,11 @@
 //! TensorFlow.js `tf.profile`).
 
 use super::human_bytes;
-use crate::{Shape, engine};
-use std::cell::{Cell, RefCell};
+pub use crate::engine::oplog::OpRecord;
+use crate::engine::{self, oplog};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
-
-thread_local! {
-    static DEPTH: Cell<usize> = const { Cell::new(0) };
-    static RECORDS: RefCell<Vec<Vec<OpRecord>>> = const { RefCell::new(Vec::new()) };
-}
-
-/// One op run inside [`profile`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct OpRecord {
-    /// The op's name (`"add"`, `"matmul"`, ...).
-    pub name: &'static str,
-    /// Shapes of its array inputs.
-    pub input_shapes: Vec<Shape>,
-    /// Shape of its result.
-    pub output_shape: Shape,
-    /// Bytes of new buffer it allocated (0 for views).
-    pub bytes_added: usize,
-    /// Wall time of the op.
-    pub duration: Duration,
-}
 
 /// What [`profile`] measured.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -39,18 +19,6 @@ pub struct Profile {
     pub peak_bytes: usize,
     /// Ops run on this thread inside the closure, in order.
     pub ops: Vec<OpRecord>,
-}
-
-pub(crate) fn active() -> bool {
-    DEPTH.with(|d| d.get() > 0)
-}
-
-pub(crate) fn record(r: OpRecord) {
-    RECORDS.with(|rs| {
-        if let Some(top) = rs.borrow_mut().last_mut() {
-            top.push(r);
-        }
-    });
 }
 
 /// Restores the thread's profiling state and the process peak even if the closure
@@ -68,14 +36,7 @@ impl Window {
             return;
         }
         let peak = engine::end_peak_window(&self.saved_peak);
-        let ops = RECORDS.with(|rs| rs.borrow_mut().pop().unwrap_or_default());
-        // The enclosing profile (if any) sees these ops too.
-        RECORDS.with(|rs| {
-            if let Some(outer) = rs.borrow_mut().last_mut() {
-                outer.extend(ops.iter().cloned());
-            }
-        });
-        DEPTH.with(|d| d.set(d.get() - 1));
+        let ops = oplog::end();
         self.done = Some((peak.saturating_sub(self.start_bytes), ops));
     }
 }
@@ -107,8 +68,7 @@ pub fn profile<R>(f: impl FnOnce() -> R) -> (R, Profile) {
         let s = engine::stats(engine::SYSTEM).expect("system");
         (s.arrays, s.bytes, saved)
     };
-    RECORDS.with(|rs| rs.borrow_mut().push(Vec::new()));
-    DEPTH.with(|d| d.set(d.get() + 1));
+    oplog::begin();
     let mut window = Window {
         saved_peak,
         start_bytes,

@@ -10,7 +10,7 @@ use super::shard::{CURRENT_SCOPE, Ctx, Shard, Shards, add};
 use super::slab::{ArrayId, BufId, BufferK, MgrId, ScopeId, ScopeK, Slab};
 use super::{Buffer, Layout};
 use crate::DType;
-use crate::diag::config;
+use crate::config;
 use crate::error::{Result, SourceLocation};
 use smallvec::SmallVec;
 use std::sync::Arc;

@@ -18,12 +18,12 @@
 //!   target, and write.
 
 use super::arrays::Data;
+use super::oplog;
 use super::records::{ArrayRec, Store};
 use super::shard::{Ctx, Shards, add, lock_needed, my_shard};
 use super::slab::{ArrayId, MgrId};
 use super::{Buffer, Layout};
 use crate::backend::cpu::{self, NoFork, Strided, StridedMut};
-use crate::diag::profile;
 use crate::dtype::{Native, dispatch};
 use crate::error::{ArrayDesc, NdError, Result, SourceLocation};
 use crate::{DType, Shape};
@@ -230,7 +230,7 @@ pub(crate) fn run_op(
     at: SourceLocation,
     f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,
 ) -> Result<ArrayId> {
-    if !profile::active() {
+    if !oplog::active() {
         return run_op_inner(inputs, at, f);
     }
     let input_shapes = inputs
@@ -241,7 +241,7 @@ pub(crate) fn run_op(
     let id = run_op_inner(inputs, at, f)?;
     let duration = t0.elapsed();
     let ctx = Ctx::read_only(&[id.shard]);
-    profile::record(profile::OpRecord {
+    oplog::record(oplog::OpRecord {
         name,
         input_shapes,
         output_shape: ctx.array(id)?.layout.shape.clone(),

@@ -60,6 +60,7 @@ mod count_alloc;
 mod exec;
 mod grads;
 mod managers;
+pub(crate) mod oplog;
 mod records;
 mod scopes;
 mod shard;
