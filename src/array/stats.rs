@@ -5,7 +5,7 @@
 use super::NDArray;
 use super::reduce::{normalize_axes, normalize_axis, reduced_shape};
 use crate::DType;
-use crate::autograd::backward::keep_dims_shape;
+use crate::autograd::rules::keep_dims_shape;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu;
 use crate::backend::cpu::new_overwritten;

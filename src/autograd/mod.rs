@@ -67,6 +67,7 @@
 //! * One collector per thread at a time; recording covers only ops run on its thread.
 
 pub(crate) mod backward;
+pub(crate) mod rules;
 
 use crate::backend::cpu;
 use crate::dtype::{ScalarValue, dispatch};
