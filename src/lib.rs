@@ -195,6 +195,21 @@
 //! or plain method panics with exactly the error's message. [`NdError`] variants carry
 //! structured fields (the arrays involved, with their creating lines).
 //!
+//! ## Layers
+//!
+//! ```text
+//! handle   NDArray, NDManager, NDScope: Copy ids; ops check their inputs
+//!   │      (nn, optim, io and data are built on this public API)
+//! engine   ids, records, shards, managers, scopes, tasks: the ownership model
+//!   │      and the op path (resolve the inputs, run a kernel, register the result)
+//! backend  buffers, layouts, dtypes: device memory and the kernels on it
+//!   │      (the CPU today); knows nothing of records, managers or scopes
+//! kernel   loops over plain slices and a layout
+//! ```
+//!
+//! Each layer calls only the one below it. Every ownership rule is kept by the engine,
+//! so a backend inherits the whole contract (docs/ownership.md, "Layers").
+//!
 //! ## The ownership model
 //!
 //! The full contract (eleven numbered rules, which the tests cite, plus accounting and
