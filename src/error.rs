@@ -337,3 +337,42 @@ pub(crate) fn unwrap<T>(r: Result<T>) -> T {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// Define a fallible method `try_x` and its panicking twin `x` from one body: the twin
+/// calls `try_x` and panics with exactly the error's message ([`unwrap`]), at the
+/// caller's line (both are `#[track_caller]`, so `Location::caller()` inside the body
+/// is the user's line whichever form was called).
+///
+/// ```ignore
+/// twins! {
+///     /// The panicking form's docs.
+///     pub fn matmul,
+///     /// The `try_` form's docs (its errors).
+///     pub fn try_matmul(self, rhs: NDArray) -> NDArray {
+///         matmul_impl(self, rhs, Location::caller())
+///     }
+/// }
+/// ```
+///
+/// The body returns `Result<T>`; the twin returns `T`. Each invocation may hold several
+/// pairs.
+macro_rules! twins {
+    ($(
+        $(#[$pm:meta])*
+        $vis:vis fn $name:ident,
+        $(#[$tm:meta])*
+        $tvis:vis fn $try_name:ident($self:ident $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty $body:block
+    )+) => {$(
+        $(#[$pm])*
+        #[track_caller]
+        #[inline]
+        $vis fn $name($self $(, $arg: $ty)*) -> $ret {
+            $crate::error::unwrap($self.$try_name($($arg),*))
+        }
+
+        $(#[$tm])*
+        #[track_caller]
+        $tvis fn $try_name($self $(, $arg: $ty)*) -> $crate::error::Result<$ret> $body
+    )+};
+}
+pub(crate) use twins;

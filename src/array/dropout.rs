@@ -8,7 +8,7 @@ use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu::new_overwritten;
 use crate::dtype::{Native, dispatch_float};
 use crate::engine::{self, ArrayId, Layout, Output};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins};
 use crate::layout::for_each_row;
 use crate::scope::NDScope;
 use smallvec::{SmallVec, smallvec};
@@ -115,39 +115,36 @@ impl Backward for DropoutRule {
 }
 
 impl NDArray {
-    /// Dropout (inverted, as PyTorch's `dropout`): with `training`, each element is
-    /// zeroed with probability `p` and the others are multiplied by `1 / (1 - p)`, so
-    /// the expected value is unchanged; `p == 1` gives zeros. The mask comes from the
-    /// generator [`random::seed`](crate::random::seed) seeds and is kept (by the
-    /// gradient tape, only while recording) for the backward pass, whose gradient is `g
-    /// * mask / (1 - p)`.
-    ///
-    /// With `training == false` or `p == 0` the result is `self` itself, the same
-    /// handle (as PyTorch returns its input): no array is created, so closing the
-    /// result closes `self`. Float arrays only. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager, random};
-    /// let m = NDManager::new();
-    /// let x = m.ones([1000], DType::F32);
-    /// random::seed(1);
-    /// let y = x.dropout(0.5, true);
-    /// let v = y.to_vec::<f32>()?;
-    /// assert!(v.iter().all(|&e| e == 0.0 || e == 2.0));     // dropped or scaled by 2
-    /// assert_eq!(x.dropout(0.5, false), x);                   // evaluation: x itself
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn dropout(self, p: f64, training: bool) -> NDArray {
-        unwrap(dropout_impl(self, p, training, Location::caller()))
-    }
-
-    /// [`NDArray::dropout`]. Errors: `InvalidArgument` (`p` outside `[0, 1]` or NaN,
-    /// also in evaluation mode), `UnsupportedDType` (not a float array), `Closed`,
-    /// `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_dropout(self, p: f64, training: bool) -> Result<NDArray> {
-        dropout_impl(self, p, training, Location::caller())
+    twins! {
+        /// Dropout (inverted, as PyTorch's `dropout`): with `training`, each element is
+        /// zeroed with probability `p` and the others are multiplied by `1 / (1 - p)`, so
+        /// the expected value is unchanged; `p == 1` gives zeros. The mask comes from the
+        /// generator [`random::seed`](crate::random::seed) seeds and is kept (by the
+        /// gradient tape, only while recording) for the backward pass, whose gradient is `g
+        /// * mask / (1 - p)`.
+        ///
+        /// With `training == false` or `p == 0` the result is `self` itself, the same
+        /// handle (as PyTorch returns its input): no array is created, so closing the
+        /// result closes `self`. Float arrays only. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager, random};
+        /// let m = NDManager::new();
+        /// let x = m.ones([1000], DType::F32);
+        /// random::seed(1);
+        /// let y = x.dropout(0.5, true);
+        /// let v = y.to_vec::<f32>()?;
+        /// assert!(v.iter().all(|&e| e == 0.0 || e == 2.0));     // dropped or scaled by 2
+        /// assert_eq!(x.dropout(0.5, false), x);                   // evaluation: x itself
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn dropout,
+        /// [`NDArray::dropout`]. Errors: `InvalidArgument` (`p` outside `[0, 1]` or NaN,
+        /// also in evaluation mode), `UnsupportedDType` (not a float array), `Closed`,
+        /// `ManagerClosed`/`ManagerCapped`.
+        pub fn try_dropout(self, p: f64, training: bool) -> NDArray {
+            dropout_impl(self, p, training, Location::caller())
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use crate::autograd::{self, Rule};
 use crate::backend::cpu;
 use crate::dtype::{Native, ScalarValue, dispatch};
 use crate::engine::{self, Layout, Output};
-use crate::error::{ArrayDesc, NdError, Result, SourceLocation, unwrap};
+use crate::error::{ArrayDesc, NdError, Result, SourceLocation, twins, unwrap};
 use crate::shape::{Dims, Shape};
 use std::panic::Location;
 
@@ -288,41 +288,38 @@ fn set(x: NDArray, index: &str, value: Rhs) -> Result<()> {
 }
 
 impl NDArray {
-    /// A view of the elements selected by a DJL/numpy-style index string, sharing
-    /// storage with `self`. Panics on error (see [`NDArray::try_get`]).
-    ///
-    /// The string holds comma-separated items, one per axis from the left:
-    /// * an integer `i` (negative counts from the end) selects one position and removes
-    ///   the axis; out of range is an error;
-    /// * a slice `start:stop` or `start:stop:step`, any part optional (`:`, `1:`,
-    ///   `::2`, `5::-1`), keeps the axis; bounds clamp like Python, the step must not
-    ///   be 0 and may be negative (the view then walks the axis backwards);
-    /// * `...` stands for as many `:` as needed to cover the axes not named (at most
-    ///   one).
-    ///
-    /// Axes left over at the end are taken whole; the empty string selects everything.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let a = m.arange(0.0, 12.0, 1.0, DType::F32).reshape([3, 4]);
-    /// assert_eq!(a.get("1").to_vec::<f32>()?, vec![4.0, 5.0, 6.0, 7.0]);
-    /// assert_eq!(a.get(":, -1").to_vec::<f32>()?, vec![3.0, 7.0, 11.0]);
-    /// assert_eq!(a.get("0, ::-2").to_vec::<f32>()?, vec![3.0, 1.0]);
-    /// assert_eq!(a.get("1:, 1:3").shape().dims(), &[2, 2]);
-    /// assert_eq!(a.get("..., 0").to_vec::<f32>()?, vec![0.0, 4.0, 8.0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn get(self, index: &str) -> NDArray {
-        unwrap(get(self, index, Location::caller()))
-    }
-
-    /// [`NDArray::get`]. Errors: `Index` (malformed string, integer index out of range,
-    /// too many indices), `Closed`, `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_get(self, index: &str) -> Result<NDArray> {
-        get(self, index, Location::caller())
+    twins! {
+        /// A view of the elements selected by a DJL/numpy-style index string, sharing
+        /// storage with `self`. Panics on error (see [`NDArray::try_get`]).
+        ///
+        /// The string holds comma-separated items, one per axis from the left:
+        /// * an integer `i` (negative counts from the end) selects one position and removes
+        ///   the axis; out of range is an error;
+        /// * a slice `start:stop` or `start:stop:step`, any part optional (`:`, `1:`,
+        ///   `::2`, `5::-1`), keeps the axis; bounds clamp like Python, the step must not
+        ///   be 0 and may be negative (the view then walks the axis backwards);
+        /// * `...` stands for as many `:` as needed to cover the axes not named (at most
+        ///   one).
+        ///
+        /// Axes left over at the end are taken whole; the empty string selects everything.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let a = m.arange(0.0, 12.0, 1.0, DType::F32).reshape([3, 4]);
+        /// assert_eq!(a.get("1").to_vec::<f32>()?, vec![4.0, 5.0, 6.0, 7.0]);
+        /// assert_eq!(a.get(":, -1").to_vec::<f32>()?, vec![3.0, 7.0, 11.0]);
+        /// assert_eq!(a.get("0, ::-2").to_vec::<f32>()?, vec![3.0, 1.0]);
+        /// assert_eq!(a.get("1:, 1:3").shape().dims(), &[2, 2]);
+        /// assert_eq!(a.get("..., 0").to_vec::<f32>()?, vec![0.0, 4.0, 8.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn get,
+        /// [`NDArray::get`]. Errors: `Index` (malformed string, integer index out of range,
+        /// too many indices), `Closed`, `ManagerClosed`/`ManagerCapped`.
+        pub fn try_get(self, index: &str) -> NDArray {
+            get(self, index, Location::caller())
+        }
     }
 
     /// Write `value` (a scalar, or an array of the same dtype that broadcasts to the

@@ -13,7 +13,7 @@ use crate::backend::cpu;
 use crate::backend::cpu::new_overwritten;
 use crate::dtype::dispatch;
 use crate::engine::{self, Operand, Output};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins};
 use crate::layout::{Strides, for_each_row};
 use crate::shape::{Dims, Shape};
 use rayon::prelude::*;
@@ -237,55 +237,41 @@ fn matmul_impl(
 }
 
 impl NDArray {
-    /// Matrix product with numpy's `matmul` rules: 2-D × 2-D is the matrix product;
-    /// a 1-D left operand is a row vector and a 1-D right operand a column vector,
-    /// whose added dimension is removed from the result (1-D × 1-D gives a 0-d inner
-    /// product); N-D operands are stacks of matrices in the last two dimensions, with
-    /// the leading (batch) dimensions broadcast. Transposed and strided views are read
-    /// in place. f32/f64 use a tuned `gemm`; integers wrap. Panics on failure.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let a = m.create(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
-    /// let v = m.create(&[1.0f32, 1.0], [2]);
-    /// assert_eq!(a.matmul(v).to_vec::<f32>()?, vec![3.0, 7.0]);
-    /// assert_eq!(v.matmul(a).shape().dims(), &[2]);
-    /// # m.close();
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn matmul(self, rhs: NDArray) -> NDArray {
-        unwrap(matmul_impl(
-            self,
-            rhs,
-            "matmul",
-            Location::caller(),
-            [false, false],
-        ))
-    }
+    twins! {
+        /// Matrix product with numpy's `matmul` rules: 2-D × 2-D is the matrix product;
+        /// a 1-D left operand is a row vector and a 1-D right operand a column vector,
+        /// whose added dimension is removed from the result (1-D × 1-D gives a 0-d inner
+        /// product); N-D operands are stacks of matrices in the last two dimensions, with
+        /// the leading (batch) dimensions broadcast. Transposed and strided views are read
+        /// in place. f32/f64 use a tuned `gemm`; integers wrap. Panics on failure.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let a = m.create(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+        /// let v = m.create(&[1.0f32, 1.0], [2]);
+        /// assert_eq!(a.matmul(v).to_vec::<f32>()?, vec![3.0, 7.0]);
+        /// assert_eq!(v.matmul(a).shape().dims(), &[2]);
+        /// # m.close();
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn matmul,
+        /// [`NDArray::matmul`]. Errors: `ShapeMismatch` (inner dimensions differ or batch
+        /// dimensions do not broadcast), `DTypeMismatch`, `UnsupportedDType` (Bool),
+        /// `InvalidArgument` (a 0-d operand), `Closed`, `ManagerClosed`/`ManagerCapped`.
+        pub fn try_matmul(self, rhs: NDArray) -> NDArray {
+            matmul_impl(self, rhs, "matmul", Location::caller(), [false, false])
+        }
 
-    /// [`NDArray::matmul`]. Errors: `ShapeMismatch` (inner dimensions differ or batch
-    /// dimensions do not broadcast), `DTypeMismatch`, `UnsupportedDType` (Bool),
-    /// `InvalidArgument` (a 0-d operand), `Closed`, `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_matmul(self, rhs: NDArray) -> Result<NDArray> {
-        matmul_impl(self, rhs, "matmul", Location::caller(), [false, false])
-    }
-
-    /// Dot product, an alias of [`NDArray::matmul`] that also accepts 0-d operands
-    /// (then it is the elementwise product, as `numpy.dot`). For 1-D and 2-D operands it
-    /// agrees with `numpy.dot`; N-D operands follow `matmul`'s batched rules (not
-    /// `numpy.dot`'s tensor product). Panics on failure.
-    #[track_caller]
-    pub fn dot(self, rhs: NDArray) -> NDArray {
-        unwrap(dot_impl(self, rhs, Location::caller()))
-    }
-
-    /// [`NDArray::dot`]. Errors as [`NDArray::try_matmul`].
-    #[track_caller]
-    pub fn try_dot(self, rhs: NDArray) -> Result<NDArray> {
-        dot_impl(self, rhs, Location::caller())
+        /// Dot product, an alias of [`NDArray::matmul`] that also accepts 0-d operands
+        /// (then it is the elementwise product, as `numpy.dot`). For 1-D and 2-D operands it
+        /// agrees with `numpy.dot`; N-D operands follow `matmul`'s batched rules (not
+        /// `numpy.dot`'s tensor product). Panics on failure.
+        pub fn dot,
+        /// [`NDArray::dot`]. Errors as [`NDArray::try_matmul`].
+        pub fn try_dot(self, rhs: NDArray) -> NDArray {
+            dot_impl(self, rhs, Location::caller())
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use crate::backend::cpu;
 use crate::backend::cpu::new_overwritten;
 use crate::dtype::{Native, dispatch};
 use crate::engine::{self, Operand, Output};
-use crate::error::{Result, SourceLocation, unwrap};
+use crate::error::{Result, SourceLocation, twins};
 use std::panic::Location;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,211 +120,169 @@ fn truth_reduction(
 }
 
 impl NDArray {
-    /// Elementwise logical AND of two Bool arrays, broadcasting (numpy's
-    /// `logical_and`; other dtypes are an error: compare first, e.g. `x.gt(0)`).
-    /// Panics with the error's message on failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let a = m.create(&[true, true, false, false], [4]);
-    /// let b = m.create(&[true, false, true, false], [4]);
-    /// assert_eq!(a.logical_and(b).to_vec::<bool>()?, vec![true, false, false, false]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn logical_and(self, other: NDArray) -> NDArray {
-        unwrap(logical(self, LogicOp::And, other, Location::caller()))
+    twins! {
+        /// Elementwise logical AND of two Bool arrays, broadcasting (numpy's
+        /// `logical_and`; other dtypes are an error: compare first, e.g. `x.gt(0)`).
+        /// Panics with the error's message on failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let a = m.create(&[true, true, false, false], [4]);
+        /// let b = m.create(&[true, false, true, false], [4]);
+        /// assert_eq!(a.logical_and(b).to_vec::<bool>()?, vec![true, false, false, false]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn logical_and,
+        /// [`NDArray::logical_and`]. Errors: `Closed`, `UnsupportedDType` (an operand is
+        /// not Bool), `ShapeMismatch` (not broadcastable), `ManagerClosed`/`ManagerCapped`.
+        /// Not differentiable: a Bool result.
+        pub fn try_logical_and(self, other: NDArray) -> NDArray {
+            logical(self, LogicOp::And, other, Location::caller())
+        }
     }
 
-    /// [`NDArray::logical_and`]. Errors: `Closed`, `UnsupportedDType` (an operand is
-    /// not Bool), `ShapeMismatch` (not broadcastable), `ManagerClosed`/`ManagerCapped`.
-    /// Not differentiable: a Bool result.
-    #[track_caller]
-    pub fn try_logical_and(self, other: NDArray) -> Result<NDArray> {
-        logical(self, LogicOp::And, other, Location::caller())
+    twins! {
+        /// Elementwise logical OR of two Bool arrays, broadcasting. Panics with the error's
+        /// message on failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let a = m.create(&[true, true, false, false], [4]);
+        /// let b = m.create(&[true, false, true, false], [4]);
+        /// assert_eq!(a.logical_or(b).to_vec::<bool>()?, vec![true, true, true, false]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn logical_or,
+        /// [`NDArray::logical_or`]. Errors: `Closed`, `UnsupportedDType` (an operand is not
+        /// Bool), `ShapeMismatch` (not broadcastable), `ManagerClosed`/`ManagerCapped`.
+        /// Not differentiable: a Bool result.
+        pub fn try_logical_or(self, other: NDArray) -> NDArray {
+            logical(self, LogicOp::Or, other, Location::caller())
+        }
     }
 
-    /// Elementwise logical OR of two Bool arrays, broadcasting. Panics with the error's
-    /// message on failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let a = m.create(&[true, true, false, false], [4]);
-    /// let b = m.create(&[true, false, true, false], [4]);
-    /// assert_eq!(a.logical_or(b).to_vec::<bool>()?, vec![true, true, true, false]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn logical_or(self, other: NDArray) -> NDArray {
-        unwrap(logical(self, LogicOp::Or, other, Location::caller()))
+    twins! {
+        /// Elementwise logical XOR of two Bool arrays, broadcasting. Panics with the
+        /// error's message on failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let a = m.create(&[true, true, false, false], [4]);
+        /// let b = m.create(&[true, false, true, false], [4]);
+        /// assert_eq!(a.logical_xor(b).to_vec::<bool>()?, vec![false, true, true, false]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn logical_xor,
+        /// [`NDArray::logical_xor`]. Errors: `Closed`, `UnsupportedDType` (an operand is
+        /// not Bool), `ShapeMismatch` (not broadcastable), `ManagerClosed`/`ManagerCapped`.
+        /// Not differentiable: a Bool result.
+        pub fn try_logical_xor(self, other: NDArray) -> NDArray {
+            logical(self, LogicOp::Xor, other, Location::caller())
+        }
     }
 
-    /// [`NDArray::logical_or`]. Errors: `Closed`, `UnsupportedDType` (an operand is not
-    /// Bool), `ShapeMismatch` (not broadcastable), `ManagerClosed`/`ManagerCapped`.
-    /// Not differentiable: a Bool result.
-    #[track_caller]
-    pub fn try_logical_or(self, other: NDArray) -> Result<NDArray> {
-        logical(self, LogicOp::Or, other, Location::caller())
+    twins! {
+        /// Elementwise logical NOT of a Bool array. Panics with the error's message on
+        /// failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let a = m.create(&[true, false], [2]);
+        /// assert_eq!(a.logical_not().to_vec::<bool>()?, vec![false, true]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn logical_not,
+        /// [`NDArray::logical_not`]. Errors: `Closed`, `UnsupportedDType` (not Bool),
+        /// `ManagerClosed`/`ManagerCapped`.
+        /// Not differentiable: a Bool result.
+        pub fn try_logical_not(self) -> NDArray {
+            logical_not_impl(self, Location::caller())
+        }
     }
 
-    /// Elementwise logical XOR of two Bool arrays, broadcasting. Panics with the
-    /// error's message on failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let a = m.create(&[true, true, false, false], [4]);
-    /// let b = m.create(&[true, false, true, false], [4]);
-    /// assert_eq!(a.logical_xor(b).to_vec::<bool>()?, vec![false, true, true, false]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn logical_xor(self, other: NDArray) -> NDArray {
-        unwrap(logical(self, LogicOp::Xor, other, Location::caller()))
+    twins! {
+        /// Whether any element is true, as a Bool 0-d array. Works on every dtype: nonzero
+        /// is true, NaN included (as numpy). An empty array gives false. Panics with the
+        /// error's message on failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// assert!(m.create(&[0.0f32, -2.0], [2]).any().to_scalar::<bool>()?);
+        /// assert!(!m.create(&[false, false], [2]).any().to_scalar::<bool>()?);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn any,
+        /// [`NDArray::any`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+        /// Not differentiable: a Bool result.
+        pub fn try_any(self) -> NDArray {
+            truth_reduction(self, true, None, false, Location::caller())
+        }
     }
 
-    /// [`NDArray::logical_xor`]. Errors: `Closed`, `UnsupportedDType` (an operand is
-    /// not Bool), `ShapeMismatch` (not broadcastable), `ManagerClosed`/`ManagerCapped`.
-    /// Not differentiable: a Bool result.
-    #[track_caller]
-    pub fn try_logical_xor(self, other: NDArray) -> Result<NDArray> {
-        logical(self, LogicOp::Xor, other, Location::caller())
+    twins! {
+        /// Whether every element is true (nonzero; NaN counts as true), as a Bool 0-d
+        /// array; any dtype. An empty array gives true (as numpy). Panics with the error's
+        /// message on failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// assert!(!m.create(&[1i32, 0], [2]).all().to_scalar::<bool>()?);
+        /// assert!(m.create(&[true, true], [2]).all().to_scalar::<bool>()?);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn all,
+        /// [`NDArray::all`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+        /// Not differentiable: a Bool result.
+        pub fn try_all(self) -> NDArray {
+            truth_reduction(self, false, None, false, Location::caller())
+        }
     }
 
-    /// Elementwise logical NOT of a Bool array. Panics with the error's message on
-    /// failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let a = m.create(&[true, false], [2]);
-    /// assert_eq!(a.logical_not().to_vec::<bool>()?, vec![false, true]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn logical_not(self) -> NDArray {
-        unwrap(logical_not_impl(self, Location::caller()))
+    twins! {
+        /// [`NDArray::any`] over `axes` (negative counts from the end; `&[]` reduces
+        /// nothing); with `keep_dims` the reduced axes stay as size 1. Panics with the
+        /// error's message on failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[0u8, 0, 0, 3], [2, 2]);
+        /// assert_eq!(x.any_axes(&[-1], false).to_vec::<bool>()?, vec![false, true]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn any_axes,
+        /// [`NDArray::any_axes`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument` (a
+        /// repeated axis), `ManagerClosed`/`ManagerCapped`.
+        /// Not differentiable: a Bool result.
+        pub fn try_any_axes(self, axes: &[isize], keep_dims: bool) -> NDArray {
+            truth_reduction(self, true, Some(axes), keep_dims, Location::caller())
+        }
     }
 
-    /// [`NDArray::logical_not`]. Errors: `Closed`, `UnsupportedDType` (not Bool),
-    /// `ManagerClosed`/`ManagerCapped`.
-    /// Not differentiable: a Bool result.
-    #[track_caller]
-    pub fn try_logical_not(self) -> Result<NDArray> {
-        logical_not_impl(self, Location::caller())
-    }
-
-    /// Whether any element is true, as a Bool 0-d array. Works on every dtype: nonzero
-    /// is true, NaN included (as numpy). An empty array gives false. Panics with the
-    /// error's message on failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// assert!(m.create(&[0.0f32, -2.0], [2]).any().to_scalar::<bool>()?);
-    /// assert!(!m.create(&[false, false], [2]).any().to_scalar::<bool>()?);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn any(self) -> NDArray {
-        unwrap(truth_reduction(self, true, None, false, Location::caller()))
-    }
-
-    /// [`NDArray::any`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
-    /// Not differentiable: a Bool result.
-    #[track_caller]
-    pub fn try_any(self) -> Result<NDArray> {
-        truth_reduction(self, true, None, false, Location::caller())
-    }
-
-    /// Whether every element is true (nonzero; NaN counts as true), as a Bool 0-d
-    /// array; any dtype. An empty array gives true (as numpy). Panics with the error's
-    /// message on failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// assert!(!m.create(&[1i32, 0], [2]).all().to_scalar::<bool>()?);
-    /// assert!(m.create(&[true, true], [2]).all().to_scalar::<bool>()?);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn all(self) -> NDArray {
-        unwrap(truth_reduction(
-            self,
-            false,
-            None,
-            false,
-            Location::caller(),
-        ))
-    }
-
-    /// [`NDArray::all`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
-    /// Not differentiable: a Bool result.
-    #[track_caller]
-    pub fn try_all(self) -> Result<NDArray> {
-        truth_reduction(self, false, None, false, Location::caller())
-    }
-
-    /// [`NDArray::any`] over `axes` (negative counts from the end; `&[]` reduces
-    /// nothing); with `keep_dims` the reduced axes stay as size 1. Panics with the
-    /// error's message on failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[0u8, 0, 0, 3], [2, 2]);
-    /// assert_eq!(x.any_axes(&[-1], false).to_vec::<bool>()?, vec![false, true]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn any_axes(self, axes: &[isize], keep_dims: bool) -> NDArray {
-        unwrap(truth_reduction(
-            self,
-            true,
-            Some(axes),
-            keep_dims,
-            Location::caller(),
-        ))
-    }
-
-    /// [`NDArray::any_axes`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument` (a
-    /// repeated axis), `ManagerClosed`/`ManagerCapped`.
-    /// Not differentiable: a Bool result.
-    #[track_caller]
-    pub fn try_any_axes(self, axes: &[isize], keep_dims: bool) -> Result<NDArray> {
-        truth_reduction(self, true, Some(axes), keep_dims, Location::caller())
-    }
-
-    /// [`NDArray::all`] over `axes` (negative counts from the end; `&[]` reduces
-    /// nothing); with `keep_dims` the reduced axes stay as size 1. Panics with the
-    /// error's message on failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1.0f64, 0.0, 2.0, 3.0], [2, 2]);
-    /// assert_eq!(x.all_axes(&[0], true).to_vec::<bool>()?, vec![true, false]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn all_axes(self, axes: &[isize], keep_dims: bool) -> NDArray {
-        unwrap(truth_reduction(
-            self,
-            false,
-            Some(axes),
-            keep_dims,
-            Location::caller(),
-        ))
-    }
-
-    /// [`NDArray::all_axes`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument` (a
-    /// repeated axis), `ManagerClosed`/`ManagerCapped`.
-    /// Not differentiable: a Bool result.
-    #[track_caller]
-    pub fn try_all_axes(self, axes: &[isize], keep_dims: bool) -> Result<NDArray> {
-        truth_reduction(self, false, Some(axes), keep_dims, Location::caller())
+    twins! {
+        /// [`NDArray::all`] over `axes` (negative counts from the end; `&[]` reduces
+        /// nothing); with `keep_dims` the reduced axes stay as size 1. Panics with the
+        /// error's message on failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1.0f64, 0.0, 2.0, 3.0], [2, 2]);
+        /// assert_eq!(x.all_axes(&[0], true).to_vec::<bool>()?, vec![true, false]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn all_axes,
+        /// [`NDArray::all_axes`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument` (a
+        /// repeated axis), `ManagerClosed`/`ManagerCapped`.
+        /// Not differentiable: a Bool result.
+        pub fn try_all_axes(self, axes: &[isize], keep_dims: bool) -> NDArray {
+            truth_reduction(self, false, Some(axes), keep_dims, Location::caller())
+        }
     }
 }

@@ -6,7 +6,7 @@ use crate::autograd::{self, Rule};
 use crate::backend::cpu;
 use crate::dtype::{Float, Native, Scalar, ScalarValue, dispatch, dispatch_float};
 use crate::engine::{self, Operand, Output};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins};
 use crate::{DType, Shape};
 use std::panic::Location;
 
@@ -446,19 +446,16 @@ macro_rules! binary_methods {
     ($($(#[$doc:meta])* $name:ident, $try_name:ident, $op:expr;)*) => {
         impl NDArray {
             $(
-                $(#[$doc])*
-                /// Panics with the error's message on failure (see the `try_` form).
-                #[track_caller]
-                pub fn $name(self, rhs: impl Into<Rhs>) -> NDArray {
-                    unwrap(binary(self, $op, rhs.into(), false, Location::caller()))
-                }
-
-                $(#[$doc])*
-                /// Errors: `Closed`, `DTypeMismatch`, `ShapeMismatch` (not broadcastable),
-                /// `UnsupportedDType` (Bool), `ManagerClosed`/`ManagerCapped`.
-                #[track_caller]
-                pub fn $try_name(self, rhs: impl Into<Rhs>) -> Result<NDArray> {
-                    binary(self, $op, rhs.into(), false, Location::caller())
+                twins! {
+                    $(#[$doc])*
+                    /// Panics with the error's message on failure (see the `try_` form).
+                    pub fn $name,
+                    $(#[$doc])*
+                    /// Errors: `Closed`, `DTypeMismatch`, `ShapeMismatch` (not broadcastable),
+                    /// `UnsupportedDType` (Bool), `ManagerClosed`/`ManagerCapped`.
+                    pub fn $try_name(self, rhs: impl Into<Rhs>) -> NDArray {
+                        binary(self, $op, rhs.into(), false, Location::caller())
+                    }
                 }
             )*
         }
@@ -533,25 +530,22 @@ macro_rules! compare_methods {
     ($($(#[$doc:meta])* $name:ident, $try_name:ident, $op:expr;)*) => {
         impl NDArray {
             $(
-                $(#[$doc])*
-                /// Gives a Bool array; panics with the error's message on failure.
-                ///
-                /// With an array `rhs` both sides must have the same dtype. With a scalar
-                /// `rhs`, a float array takes the scalar in its dtype, while integer and
-                /// Bool arrays compare as numbers (false = 0, true = 1) without converting
-                /// the scalar first, as numpy does: `[false, true].ge(0.5)` is
-                /// `[false, true]` and a U8 array is never below -3.
-                #[track_caller]
-                #[allow(clippy::should_implement_trait)]
-                pub fn $name(self, rhs: impl Into<Rhs>) -> NDArray {
-                    unwrap(comparison(self, $op, rhs.into(), Location::caller()))
-                }
-
-                $(#[$doc])*
-                /// Errors: `Closed`, `DTypeMismatch`, `ShapeMismatch`.
-                #[track_caller]
-                pub fn $try_name(self, rhs: impl Into<Rhs>) -> Result<NDArray> {
-                    comparison(self, $op, rhs.into(), Location::caller())
+                twins! {
+                    $(#[$doc])*
+                    /// Gives a Bool array; panics with the error's message on failure.
+                    ///
+                    /// With an array `rhs` both sides must have the same dtype. With a scalar
+                    /// `rhs`, a float array takes the scalar in its dtype, while integer and
+                    /// Bool arrays compare as numbers (false = 0, true = 1) without converting
+                    /// the scalar first, as numpy does: `[false, true].ge(0.5)` is
+                    /// `[false, true]` and a U8 array is never below -3.
+                    #[allow(clippy::should_implement_trait)]
+                    pub fn $name,
+                    $(#[$doc])*
+                    /// Errors: `Closed`, `DTypeMismatch`, `ShapeMismatch`.
+                    pub fn $try_name(self, rhs: impl Into<Rhs>) -> NDArray {
+                        comparison(self, $op, rhs.into(), Location::caller())
+                    }
                 }
             )*
         }
@@ -577,18 +571,15 @@ macro_rules! unary_methods {
     ($($(#[$doc:meta])* $name:ident, $try_name:ident, $op:expr;)*) => {
         impl NDArray {
             $(
-                $(#[$doc])*
-                /// Panics with the error's message on failure.
-                #[track_caller]
-                pub fn $name(self) -> NDArray {
-                    unwrap(unary(self, $op, Location::caller()))
-                }
-
-                $(#[$doc])*
-                /// Errors: `Closed`, `UnsupportedDType`.
-                #[track_caller]
-                pub fn $try_name(self) -> Result<NDArray> {
-                    unary(self, $op, Location::caller())
+                twins! {
+                    $(#[$doc])*
+                    /// Panics with the error's message on failure.
+                    pub fn $name,
+                    $(#[$doc])*
+                    /// Errors: `Closed`, `UnsupportedDType`.
+                    pub fn $try_name(self) -> NDArray {
+                        unary(self, $op, Location::caller())
+                    }
                 }
             )*
         }

@@ -11,7 +11,7 @@ use crate::backend::cpu;
 use crate::backend::cpu::new_overwritten;
 use crate::dtype::{Native, dispatch, dispatch_float};
 use crate::engine::{self, Buffer, Operand, Output};
-use crate::error::{Result, SourceLocation, unwrap};
+use crate::error::{Result, SourceLocation, twins};
 use crate::layout::{Strides, for_each_row};
 use crate::shape::{Dims, Shape};
 use smallvec::{SmallVec, smallvec};
@@ -372,248 +372,188 @@ impl Backward for CumsumRule {
 }
 
 impl NDArray {
-    /// Population variance of all elements, `mean((x - mean(x))^2)` (numpy's default
-    /// `ddof=0`; PyTorch's default is the sample variance), as a 0-d array of the same
-    /// float dtype. Computed in one stable pass (Welford, in f64): a constant array
-    /// gives exactly 0; an empty one NaN. Differentiable. Panics with the error's
-    /// message on failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1.0f64, 2.0, 3.0, 4.0], [2, 2]);
-    /// assert_eq!(x.var().to_scalar::<f64>()?, 1.25);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn var(self) -> NDArray {
-        unwrap(stat_reduction(
-            self,
-            Stat::Var,
-            None,
-            false,
-            Location::caller(),
-        ))
+    twins! {
+        /// Population variance of all elements, `mean((x - mean(x))^2)` (numpy's default
+        /// `ddof=0`; PyTorch's default is the sample variance), as a 0-d array of the same
+        /// float dtype. Computed in one stable pass (Welford, in f64): a constant array
+        /// gives exactly 0; an empty one NaN. Differentiable. Panics with the error's
+        /// message on failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1.0f64, 2.0, 3.0, 4.0], [2, 2]);
+        /// assert_eq!(x.var().to_scalar::<f64>()?, 1.25);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn var,
+        /// [`NDArray::var`]. Errors: `Closed`, `UnsupportedDType` (not a float dtype:
+        /// convert integers with `to_dtype` first), `ManagerClosed`/`ManagerCapped`.
+        pub fn try_var(self) -> NDArray {
+            stat_reduction(self, Stat::Var, None, false, Location::caller())
+        }
     }
 
-    /// [`NDArray::var`]. Errors: `Closed`, `UnsupportedDType` (not a float dtype:
-    /// convert integers with `to_dtype` first), `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_var(self) -> Result<NDArray> {
-        stat_reduction(self, Stat::Var, None, false, Location::caller())
+    twins! {
+        /// [`NDArray::var`] over `axes` (negative counts from the end; `&[]` reduces
+        /// nothing, giving zeros); with `keep_dims` the reduced axes stay as size 1. Panics
+        /// with the error's message on failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1.0f32, 2.0, 3.0, 5.0], [2, 2]);
+        /// assert_eq!(x.var_axes(&[-1], true).to_vec::<f32>()?, vec![0.25, 1.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn var_axes,
+        /// [`NDArray::var_axes`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument` (a
+        /// repeated axis), `UnsupportedDType` (not a float dtype),
+        /// `ManagerClosed`/`ManagerCapped`.
+        pub fn try_var_axes(self, axes: &[isize], keep_dims: bool) -> NDArray {
+            stat_reduction(self, Stat::Var, Some(axes), keep_dims, Location::caller())
+        }
     }
 
-    /// [`NDArray::var`] over `axes` (negative counts from the end; `&[]` reduces
-    /// nothing, giving zeros); with `keep_dims` the reduced axes stay as size 1. Panics
-    /// with the error's message on failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1.0f32, 2.0, 3.0, 5.0], [2, 2]);
-    /// assert_eq!(x.var_axes(&[-1], true).to_vec::<f32>()?, vec![0.25, 1.0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn var_axes(self, axes: &[isize], keep_dims: bool) -> NDArray {
-        unwrap(stat_reduction(
-            self,
-            Stat::Var,
-            Some(axes),
-            keep_dims,
-            Location::caller(),
-        ))
+    twins! {
+        /// Population standard deviation of all elements, `sqrt(var)` (numpy's default
+        /// `ddof=0`), as a 0-d array of the same float dtype. Differentiable; where the
+        /// result is 0 (a constant array) the gradient is defined as 0 (PyTorch gives
+        /// NaN). Panics with the error's message on failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[2.0f64, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0], [8]);
+        /// assert_eq!(x.std().to_scalar::<f64>()?, 2.0);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn std,
+        /// [`NDArray::std`]. Errors: `Closed`, `UnsupportedDType` (not a float dtype),
+        /// `ManagerClosed`/`ManagerCapped`.
+        pub fn try_std(self) -> NDArray {
+            stat_reduction(self, Stat::Std, None, false, Location::caller())
+        }
     }
 
-    /// [`NDArray::var_axes`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument` (a
-    /// repeated axis), `UnsupportedDType` (not a float dtype),
-    /// `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_var_axes(self, axes: &[isize], keep_dims: bool) -> Result<NDArray> {
-        stat_reduction(self, Stat::Var, Some(axes), keep_dims, Location::caller())
+    twins! {
+        /// [`NDArray::std`] over `axes` (negative counts from the end); with `keep_dims`
+        /// the reduced axes stay as size 1. Panics with the error's message on failure (see
+        /// the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1.0f64, 3.0, 5.0, 5.0], [2, 2]);
+        /// assert_eq!(x.std_axes(&[1], false).to_vec::<f64>()?, vec![1.0, 0.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn std_axes,
+        /// [`NDArray::std_axes`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument` (a
+        /// repeated axis), `UnsupportedDType` (not a float dtype),
+        /// `ManagerClosed`/`ManagerCapped`.
+        pub fn try_std_axes(self, axes: &[isize], keep_dims: bool) -> NDArray {
+            stat_reduction(self, Stat::Std, Some(axes), keep_dims, Location::caller())
+        }
     }
 
-    /// Population standard deviation of all elements, `sqrt(var)` (numpy's default
-    /// `ddof=0`), as a 0-d array of the same float dtype. Differentiable; where the
-    /// result is 0 (a constant array) the gradient is defined as 0 (PyTorch gives
-    /// NaN). Panics with the error's message on failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[2.0f64, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0], [8]);
-    /// assert_eq!(x.std().to_scalar::<f64>()?, 2.0);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn std(self) -> NDArray {
-        unwrap(stat_reduction(
-            self,
-            Stat::Std,
-            None,
-            false,
-            Location::caller(),
-        ))
+    twins! {
+        /// `log(sum(exp(x)))` of all elements, computed stably (shifted by the maximum, in
+        /// one pass, accumulated in f64), as a 0-d array of the same float dtype: huge
+        /// values do not overflow, and an array of only `-inf` (or an empty one) gives
+        /// `-inf`, not NaN; `+inf` gives `+inf`, NaN gives NaN. Differentiable: the
+        /// gradient is the softmax weights `exp(x - logsumexp)`, stable too. Panics with
+        /// the error's message on failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1000.0f64, 1000.0], [2]);
+        /// let y = x.logsumexp().to_scalar::<f64>()?;
+        /// assert_eq!(y, 1000.0 + std::f64::consts::LN_2);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn logsumexp,
+        /// [`NDArray::logsumexp`]. Errors: `Closed`, `UnsupportedDType` (not a float
+        /// dtype), `ManagerClosed`/`ManagerCapped`.
+        pub fn try_logsumexp(self) -> NDArray {
+            stat_reduction(self, Stat::LogSumExp, None, false, Location::caller())
+        }
     }
 
-    /// [`NDArray::std`]. Errors: `Closed`, `UnsupportedDType` (not a float dtype),
-    /// `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_std(self) -> Result<NDArray> {
-        stat_reduction(self, Stat::Std, None, false, Location::caller())
+    twins! {
+        /// [`NDArray::logsumexp`] over `axes` (negative counts from the end); with
+        /// `keep_dims` the reduced axes stay as size 1. Panics with the error's message on
+        /// failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let ninf = f32::NEG_INFINITY;
+        /// let x = m.create(&[0.0f32, 0.0, ninf, ninf], [2, 2]);
+        /// assert_eq!(x.logsumexp_axes(&[-1], false).to_vec::<f32>()?, vec![std::f32::consts::LN_2, ninf]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn logsumexp_axes,
+        /// [`NDArray::logsumexp_axes`]. Errors: `Closed`, `AxisOutOfRange`,
+        /// `InvalidArgument` (a repeated axis), `UnsupportedDType` (not a float dtype),
+        /// `ManagerClosed`/`ManagerCapped`.
+        pub fn try_logsumexp_axes(self, axes: &[isize], keep_dims: bool) -> NDArray {
+            stat_reduction(
+                self,
+                Stat::LogSumExp,
+                Some(axes),
+                keep_dims,
+                Location::caller(),
+            )
+        }
     }
 
-    /// [`NDArray::std`] over `axes` (negative counts from the end); with `keep_dims`
-    /// the reduced axes stay as size 1. Panics with the error's message on failure (see
-    /// the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1.0f64, 3.0, 5.0, 5.0], [2, 2]);
-    /// assert_eq!(x.std_axes(&[1], false).to_vec::<f64>()?, vec![1.0, 0.0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn std_axes(self, axes: &[isize], keep_dims: bool) -> NDArray {
-        unwrap(stat_reduction(
-            self,
-            Stat::Std,
-            Some(axes),
-            keep_dims,
-            Location::caller(),
-        ))
+    twins! {
+        /// The L2 (Frobenius) norm of all elements, `sqrt(sum(x^2))`, as a 0-d array of the
+        /// same float dtype (0 for an empty array). Accumulated in f64 and rescaled when
+        /// the squares would overflow or underflow (numpy's `linalg.norm` gives inf for
+        /// `[1e200, 1e200]`; this gives `1.414e200`). Differentiable: `g * x / norm`,
+        /// defined as 0 at `x = 0`, where the derivative does not exist (a subgradient).
+        /// Panics with the error's message on failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[3.0f64, 4.0], [2]);
+        /// assert_eq!(x.norm().to_scalar::<f64>()?, 5.0);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn norm,
+        /// [`NDArray::norm`]. Errors: `Closed`, `UnsupportedDType` (not a float dtype),
+        /// `ManagerClosed`/`ManagerCapped`.
+        pub fn try_norm(self) -> NDArray {
+            norm_impl(self, Location::caller())
+        }
     }
 
-    /// [`NDArray::std_axes`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument` (a
-    /// repeated axis), `UnsupportedDType` (not a float dtype),
-    /// `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_std_axes(self, axes: &[isize], keep_dims: bool) -> Result<NDArray> {
-        stat_reduction(self, Stat::Std, Some(axes), keep_dims, Location::caller())
-    }
-
-    /// `log(sum(exp(x)))` of all elements, computed stably (shifted by the maximum, in
-    /// one pass, accumulated in f64), as a 0-d array of the same float dtype: huge
-    /// values do not overflow, and an array of only `-inf` (or an empty one) gives
-    /// `-inf`, not NaN; `+inf` gives `+inf`, NaN gives NaN. Differentiable: the
-    /// gradient is the softmax weights `exp(x - logsumexp)`, stable too. Panics with
-    /// the error's message on failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1000.0f64, 1000.0], [2]);
-    /// let y = x.logsumexp().to_scalar::<f64>()?;
-    /// assert_eq!(y, 1000.0 + std::f64::consts::LN_2);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn logsumexp(self) -> NDArray {
-        unwrap(stat_reduction(
-            self,
-            Stat::LogSumExp,
-            None,
-            false,
-            Location::caller(),
-        ))
-    }
-
-    /// [`NDArray::logsumexp`]. Errors: `Closed`, `UnsupportedDType` (not a float
-    /// dtype), `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_logsumexp(self) -> Result<NDArray> {
-        stat_reduction(self, Stat::LogSumExp, None, false, Location::caller())
-    }
-
-    /// [`NDArray::logsumexp`] over `axes` (negative counts from the end); with
-    /// `keep_dims` the reduced axes stay as size 1. Panics with the error's message on
-    /// failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let ninf = f32::NEG_INFINITY;
-    /// let x = m.create(&[0.0f32, 0.0, ninf, ninf], [2, 2]);
-    /// assert_eq!(x.logsumexp_axes(&[-1], false).to_vec::<f32>()?, vec![std::f32::consts::LN_2, ninf]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn logsumexp_axes(self, axes: &[isize], keep_dims: bool) -> NDArray {
-        unwrap(stat_reduction(
-            self,
-            Stat::LogSumExp,
-            Some(axes),
-            keep_dims,
-            Location::caller(),
-        ))
-    }
-
-    /// [`NDArray::logsumexp_axes`]. Errors: `Closed`, `AxisOutOfRange`,
-    /// `InvalidArgument` (a repeated axis), `UnsupportedDType` (not a float dtype),
-    /// `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_logsumexp_axes(self, axes: &[isize], keep_dims: bool) -> Result<NDArray> {
-        stat_reduction(
-            self,
-            Stat::LogSumExp,
-            Some(axes),
-            keep_dims,
-            Location::caller(),
-        )
-    }
-
-    /// The L2 (Frobenius) norm of all elements, `sqrt(sum(x^2))`, as a 0-d array of the
-    /// same float dtype (0 for an empty array). Accumulated in f64 and rescaled when
-    /// the squares would overflow or underflow (numpy's `linalg.norm` gives inf for
-    /// `[1e200, 1e200]`; this gives `1.414e200`). Differentiable: `g * x / norm`,
-    /// defined as 0 at `x = 0`, where the derivative does not exist (a subgradient).
-    /// Panics with the error's message on failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[3.0f64, 4.0], [2]);
-    /// assert_eq!(x.norm().to_scalar::<f64>()?, 5.0);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn norm(self) -> NDArray {
-        unwrap(norm_impl(self, Location::caller()))
-    }
-
-    /// [`NDArray::norm`]. Errors: `Closed`, `UnsupportedDType` (not a float dtype),
-    /// `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_norm(self) -> Result<NDArray> {
-        norm_impl(self, Location::caller())
-    }
-
-    /// Cumulative sum along `axis` (negative counts from the end), same shape. Integer
-    /// arrays keep their dtype and wrap on overflow (numpy widens I32 and U8 to 64
-    /// bits); Bool is unsupported (numpy counts it as integers: convert with
-    /// `to_dtype`). Floats sum sequentially, as numpy. Differentiable: the gradient is
-    /// the reverse cumulative sum of `g`. Panics with the error's message on failure
-    /// (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1i32, 2, 3, 4, 5, 6], [2, 3]);
-    /// assert_eq!(x.cumsum(-1).to_vec::<i32>()?, vec![1, 3, 6, 4, 9, 15]);
-    /// assert_eq!(x.cumsum(0).to_vec::<i32>()?, vec![1, 2, 3, 5, 7, 9]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn cumsum(self, axis: isize) -> NDArray {
-        unwrap(cumsum_impl(self, axis, false, Location::caller()))
-    }
-
-    /// [`NDArray::cumsum`]. Errors: `Closed`, `AxisOutOfRange` (a 0-d array has no
-    /// axis), `UnsupportedDType` (Bool), `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_cumsum(self, axis: isize) -> Result<NDArray> {
-        cumsum_impl(self, axis, false, Location::caller())
+    twins! {
+        /// Cumulative sum along `axis` (negative counts from the end), same shape. Integer
+        /// arrays keep their dtype and wrap on overflow (numpy widens I32 and U8 to 64
+        /// bits); Bool is unsupported (numpy counts it as integers: convert with
+        /// `to_dtype`). Floats sum sequentially, as numpy. Differentiable: the gradient is
+        /// the reverse cumulative sum of `g`. Panics with the error's message on failure
+        /// (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1i32, 2, 3, 4, 5, 6], [2, 3]);
+        /// assert_eq!(x.cumsum(-1).to_vec::<i32>()?, vec![1, 3, 6, 4, 9, 15]);
+        /// assert_eq!(x.cumsum(0).to_vec::<i32>()?, vec![1, 2, 3, 5, 7, 9]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn cumsum,
+        /// [`NDArray::cumsum`]. Errors: `Closed`, `AxisOutOfRange` (a 0-d array has no
+        /// axis), `UnsupportedDType` (Bool), `ManagerClosed`/`ManagerCapped`.
+        pub fn try_cumsum(self, axis: isize) -> NDArray {
+            cumsum_impl(self, axis, false, Location::caller())
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu;
 use crate::dtype::{Native, dispatch, dispatch_float};
 use crate::engine::{self, Output};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins};
 use smallvec::smallvec;
 use std::panic::Location;
 
@@ -292,20 +292,17 @@ macro_rules! unary_fn_methods {
     ($($(#[$doc:meta])* $name:ident, $try_name:ident, $op:expr, $errors:literal;)*) => {
         impl NDArray {
             $(
-                $(#[$doc])*
-                ///
-                /// Panics with the error's message on failure (see the `try_` form).
-                #[track_caller]
-                pub fn $name(self) -> NDArray {
-                    unwrap(unary_fn(self, $op, 0.0, Location::caller()))
-                }
-
-                #[doc = concat!("[`NDArray::", stringify!($name), "`], returning an error instead \
-                    of panicking.\n\nErrors: `Closed`, `UnsupportedDType` (", $errors,
-                    "), `ManagerClosed`/`ManagerCapped`.")]
-                #[track_caller]
-                pub fn $try_name(self) -> Result<NDArray> {
-                    unary_fn(self, $op, 0.0, Location::caller())
+                twins! {
+                    $(#[$doc])*
+                    ///
+                    /// Panics with the error's message on failure (see the `try_` form).
+                    pub fn $name,
+                    #[doc = concat!("[`NDArray::", stringify!($name), "`], returning an error instead \
+                        of panicking.\n\nErrors: `Closed`, `UnsupportedDType` (", $errors,
+                        "), `ManagerClosed`/`ManagerCapped`.")]
+                    pub fn $try_name(self) -> NDArray {
+                        unary_fn(self, $op, 0.0, Location::caller())
+                    }
                 }
             )*
         }
@@ -462,68 +459,62 @@ unary_fn_methods! {
 }
 
 impl NDArray {
-    /// Elementwise leaky ReLU: `x` where `x > 0`, else `alpha * x` (float dtypes;
-    /// PyTorch's `negative_slope`, usually 0.01; NaN stays NaN). Differentiable: 1 where
-    /// `x > 0`, else `alpha` (at 0 too, as PyTorch). Panics with the error's message on
-    /// failure (see the `try_` form).
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let y = m.create(&[-2.0f64, 0.0, 3.0], [3]).leaky_relu(0.1);
-    /// assert_eq!(y.to_vec::<f64>()?, vec![-0.2, 0.0, 3.0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn leaky_relu(self, alpha: f64) -> NDArray {
-        unwrap(self.try_leaky_relu(alpha))
-    }
-
-    /// [`NDArray::leaky_relu`], returning an error instead of panicking.
-    ///
-    /// Errors: `Closed`, `InvalidArgument` (`alpha` not finite), `UnsupportedDType`
-    /// (not a float dtype), `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_leaky_relu(self, alpha: f64) -> Result<NDArray> {
-        if !alpha.is_finite() {
-            // Check the array first: a closed array reports that, not the slope.
-            engine::dtype(self.id)?;
-            return Err(NdError::invalid(
-                "leaky_relu",
-                format!("the slope alpha must be finite, got {alpha}"),
-            ));
+    twins! {
+        /// Elementwise leaky ReLU: `x` where `x > 0`, else `alpha * x` (float dtypes;
+        /// PyTorch's `negative_slope`, usually 0.01; NaN stays NaN). Differentiable: 1 where
+        /// `x > 0`, else `alpha` (at 0 too, as PyTorch). Panics with the error's message on
+        /// failure (see the `try_` form).
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let y = m.create(&[-2.0f64, 0.0, 3.0], [3]).leaky_relu(0.1);
+        /// assert_eq!(y.to_vec::<f64>()?, vec![-0.2, 0.0, 3.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn leaky_relu,
+        /// [`NDArray::leaky_relu`], returning an error instead of panicking.
+        ///
+        /// Errors: `Closed`, `InvalidArgument` (`alpha` not finite), `UnsupportedDType`
+        /// (not a float dtype), `ManagerClosed`/`ManagerCapped`.
+        pub fn try_leaky_relu(self, alpha: f64) -> NDArray {
+            if !alpha.is_finite() {
+                // Check the array first: a closed array reports that, not the slope.
+                engine::dtype(self.id)?;
+                return Err(NdError::invalid(
+                    "leaky_relu",
+                    format!("the slope alpha must be finite, got {alpha}"),
+                ));
+            }
+            unary_fn(self, Fn1::LeakyRelu, alpha, Location::caller())
         }
-        unary_fn(self, Fn1::LeakyRelu, alpha, Location::caller())
     }
 
-    /// The same values in a new array that is never recorded on the gradient tape, so
-    /// no gradient flows back through it (DJL's `stopGradient`, PyTorch's `detach`):
-    /// the gradient of `x.stop_gradient() * x` with respect to `x` is `x`, not `2x`.
-    /// Any dtype. The result is a contiguous copy (PyTorch's `detach` shares storage),
-    /// so writing into it never changes a value the tape saved. Panics with the error's
-    /// message on failure (see the `try_` form).
-    ///
-    /// ```
-    /// use ndscope::{GradientCollector, NDManager};
-    /// let m = NDManager::new();
-    /// let x = m.create(&[3.0f64], [1]).set_requires_gradient(true);
-    /// let gc = GradientCollector::new();
-    /// let loss = (x.stop_gradient() * x).sum();
-    /// gc.backward(loss)?;
-    /// assert_eq!(x.gradient().to_vec::<f64>()?, vec![3.0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn stop_gradient(self) -> NDArray {
-        unwrap(stop_gradient_impl(self, Location::caller()))
-    }
-
-    /// [`NDArray::stop_gradient`], returning an error instead of panicking.
-    ///
-    /// Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
-    /// Not differentiable: never recorded, by design.
-    #[track_caller]
-    pub fn try_stop_gradient(self) -> Result<NDArray> {
-        stop_gradient_impl(self, Location::caller())
+    twins! {
+        /// The same values in a new array that is never recorded on the gradient tape, so
+        /// no gradient flows back through it (DJL's `stopGradient`, PyTorch's `detach`):
+        /// the gradient of `x.stop_gradient() * x` with respect to `x` is `x`, not `2x`.
+        /// Any dtype. The result is a contiguous copy (PyTorch's `detach` shares storage),
+        /// so writing into it never changes a value the tape saved. Panics with the error's
+        /// message on failure (see the `try_` form).
+        ///
+        /// ```
+        /// use ndscope::{GradientCollector, NDManager};
+        /// let m = NDManager::new();
+        /// let x = m.create(&[3.0f64], [1]).set_requires_gradient(true);
+        /// let gc = GradientCollector::new();
+        /// let loss = (x.stop_gradient() * x).sum();
+        /// gc.backward(loss)?;
+        /// assert_eq!(x.gradient().to_vec::<f64>()?, vec![3.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn stop_gradient,
+        /// [`NDArray::stop_gradient`], returning an error instead of panicking.
+        ///
+        /// Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+        /// Not differentiable: never recorded, by design.
+        pub fn try_stop_gradient(self) -> NDArray {
+            stop_gradient_impl(self, Location::caller())
+        }
     }
 }
