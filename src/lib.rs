@@ -209,6 +209,7 @@ mod diag;
 mod dtype;
 mod engine;
 mod error;
+pub(crate) mod ext;
 pub mod io;
 mod layout;
 mod manager;
