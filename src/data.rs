@@ -41,8 +41,8 @@
 use crate::array::gather::index_select_kernel;
 use crate::backend::cpu::new_overwritten;
 use crate::dtype::dispatch;
-use crate::engine::{self, Output};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::ext::{self, Output};
 use crate::{NDArray, Shape};
 use std::cell::Cell;
 use std::panic::Location;
@@ -95,37 +95,34 @@ pub(crate) fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
 // because that takes the rows as an index array, which would cost one more array per
 // batch.
 fn gather_rows(x: NDArray, rows: &[usize], at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op("gather_rows", &[x.id], at, |o| {
-        let o = &o[0];
-        let l = o.layout;
+    ext::custom_op("gather_rows", [x], at, |[o]| {
+        let l = o.layout();
         let mut dims = l.shape.0.clone();
         dims[0] = rows.len();
         let shape = Shape(dims);
         let n = shape.size();
-        let buf = dispatch!(o.dtype, T => new_overwritten::<T>(n, |out| {
-            index_select_kernel::<T>(o.data::<T>(), l, 0, rows, out)
+        let buf = dispatch!(o.dtype(), T => new_overwritten::<T>(n, |out| {
+            index_select_kernel::<T>(o.view::<T>().data, l, 0, rows, out)
         }))?;
         Ok(Output::New {
             buf,
             shape,
-            dtype: o.dtype,
+            dtype: o.dtype(),
         })
-    })?;
-    Ok(NDArray { id })
+    })
 }
 
 /// Rows `start..end` of `x` as a view (no copy).
 fn row_slice(x: NDArray, start: usize, end: usize, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op("row_slice", &[x.id], at, |o| {
-        let l = o[0].layout;
+    ext::custom_op("row_slice", [x], at, |[o]| {
+        let l = o.layout();
         let mut layout = l.clone();
         layout.shape.0[0] = end - start;
         if end > start {
             layout.offset = (l.offset as isize + start as isize * l.strides[0]) as usize;
         }
         Ok(Output::View { of: 0, layout })
-    })?;
-    Ok(NDArray { id })
+    })
 }
 
 // ------------------------------------------------------------------ batches
@@ -630,7 +627,7 @@ pub fn try_load_digits(m: &crate::NDManager) -> Result<(NDArray, NDArray)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Layout;
+    use crate::layout::Layout;
 
     #[test]
     fn permutations_are_permutations_and_reproducible() {

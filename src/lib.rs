@@ -225,6 +225,7 @@ mod diag;
 mod dtype;
 mod engine;
 mod error;
+pub(crate) mod ext;
 pub mod io;
 mod layout;
 mod manager;

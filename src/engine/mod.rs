@@ -71,7 +71,7 @@ pub(crate) use crate::backend::cpu::Buffer;
 pub(crate) use crate::layout::Layout;
 pub use count_alloc::CountingAllocator;
 pub(crate) use exec::{
-    Operand, Output, create, materialize, read, run_inplace, run_op, unsupported,
+    Operand, OperandMut, Output, create, materialize, read, run_inplace, run_op, unsupported,
 };
 pub(crate) use grads::{
     TapeInfo, add_to_grads, drop_grad, grad, hold_all, install_grad, is_mine, is_param, loss_info,

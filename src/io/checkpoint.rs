@@ -5,9 +5,9 @@ use super::raw::{Bytes, check_names, format_error, read_file};
 use super::safetensors::{entries, write};
 use crate::NDArray;
 use crate::dtype::dispatch;
-use crate::engine;
 use crate::error::{Result, unwrap};
-use crate::layout::for_each_row;
+use crate::ext;
+use crate::layout::{Layout, for_each_row};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -47,7 +47,7 @@ pub fn try_save_checkpoint<S: AsRef<str>>(
 }
 
 /// Write little-endian `bytes` (row-major) into the elements `t`'s layout selects.
-fn write_rows<T: Bytes>(out: &mut [T], l: &engine::Layout, bytes: &[u8], is_bool: bool) {
+fn write_rows<T: Bytes>(out: &mut [T], l: &Layout, bytes: &[u8], is_bool: bool) {
     if l.shape.dims().contains(&0) {
         return;
     }
@@ -115,10 +115,12 @@ fn load_into_impl<S: AsRef<str>>(path: &Path, named: &[(S, NDArray)]) -> Result<
     }
     for e in &entries {
         let (a, _, _) = targets[e.name.as_str()];
-        engine::run_inplace(a.id, &[], |mut t, _| {
-            let layout = t.layout.clone();
-            let b = t.dtype == crate::DType::Bool;
-            dispatch!(t.dtype, T => write_rows::<T>(t.data_mut::<T>(), &layout, e.data, b));
+        ext::update_in_place(a, [], |mut t, []| {
+            let b = t.dtype() == crate::DType::Bool;
+            dispatch!(t.dtype(), T => {
+                let t = t.view_mut::<T>();
+                write_rows::<T>(t.data, t.layout, e.data, b)
+            });
             Ok(())
         })?;
     }

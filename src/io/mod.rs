@@ -77,10 +77,10 @@ pub use safetensors::{
 /// Conversions between arrays and raw little-endian bytes, shared by the formats.
 #[cfg(feature = "io")]
 mod raw {
-    use crate::backend::cpu::new_overwritten;
+    use crate::backend::cpu::{Buffer, new_overwritten};
     use crate::dtype::{Native, dispatch};
-    use crate::engine::{self, Buffer};
     use crate::error::{NdError, Result, SourceLocation};
+    use crate::ext;
     use crate::layout::for_each_row;
     use crate::{DType, NDArray, NDManager, Shape};
     use std::path::Path;
@@ -153,15 +153,15 @@ mod raw {
 
     /// The contents of `x` (any layout) as row-major little-endian bytes.
     pub(crate) fn read_raw(x: NDArray) -> Result<Raw> {
-        engine::read(x.id, |o| {
-            let l = o.layout;
-            let n = l.size() * o.dtype.size_in_bytes();
+        ext::read(x, |o| {
+            let l = o.layout();
+            let n = l.size() * o.dtype().size_in_bytes();
             let mut bytes = byte_vec(n)?;
-            dispatch!(o.dtype, T => put_rows::<T>(
-                o.data::<T>(), l.shape.dims(), &l.strides, l.offset, &mut bytes));
+            dispatch!(o.dtype(), T => put_rows::<T>(
+                o.view::<T>().data, l.shape.dims(), &l.strides, l.offset, &mut bytes));
             debug_assert_eq!(bytes.len(), n);
             Ok(Raw {
-                dtype: o.dtype,
+                dtype: o.dtype(),
                 shape: l.shape.clone(),
                 bytes,
             })
@@ -204,14 +204,12 @@ mod raw {
         dtype: DType,
         at: SourceLocation,
     ) -> Result<NDArray> {
-        Ok(NDArray {
-            id: engine::create(m.id, buf, shape, dtype, at)?,
-        })
+        ext::array_from_buffer(m, buf, shape, dtype, at)
     }
 
     /// Fail fast (before reading a file) if `m` takes no new arrays.
     pub(crate) fn check_manager(m: &NDManager) -> Result<()> {
-        engine::check_manager(m.id)?;
+        ext::check_manager_open(m)?;
         if m.is_capped() {
             return Err(NdError::ManagerCapped { name: m.name() });
         }

@@ -139,7 +139,7 @@ impl Module for Flatten {
                 return Err(NdError::AxisOutOfRange {
                     op: "flatten",
                     axis: d,
-                    array: crate::engine::desc(x.id)?,
+                    array: crate::ext::desc(x)?,
                 });
             }
             Ok(n as usize)
@@ -236,7 +236,7 @@ impl Module for Gelu {
             return Err(NdError::UnsupportedDType {
                 op: "gelu",
                 dtype,
-                array: crate::engine::desc(x.id)?,
+                array: crate::ext::desc(x)?,
             });
         }
         // Composite (not hot in the models here): the temporaries are freed by the

@@ -39,9 +39,10 @@
 //! ```
 
 use crate::autograd;
+use crate::backend::cpu::StridedMut;
 use crate::dtype::{Native, dispatch_float};
-use crate::engine;
 use crate::error::{NdError, Result, unwrap};
+use crate::ext;
 use crate::layout::for_each_row;
 use crate::random;
 use crate::{DType, NDArray, NDManager, Shape};
@@ -327,10 +328,9 @@ impl Init {
             Dist::Uniform(lo, hi) => random::uniform(lo, hi, n)?,
             Dist::Normal(mean, std) => random::normal(mean, std, n)?,
         };
-        engine::run_inplace(a.id, &[], |mut t, _| {
-            let lt = t.layout.clone();
-            dispatch_float!(t.dtype, T => {
-                let dst = t.data_mut::<T>();
+        ext::update_in_place(a, [], |mut t, []| {
+            dispatch_float!(t.dtype(), T => {
+                let StridedMut { data: dst, layout: lt } = t.view_mut::<T>();
                 let mut next = 0usize;
                 for_each_row(lt.shape.dims(), [&lt.strides], [lt.offset], |off, len, s| {
                     for i in 0..len as isize {
@@ -345,7 +345,7 @@ impl Init {
                 Ok(())
             }, else Err(NdError::UnsupportedDType {
                 op: "init_fill",
-                dtype: t.dtype,
+                dtype: t.dtype(),
                 array: t.desc(),
             }))
         })

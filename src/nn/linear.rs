@@ -206,7 +206,7 @@ impl Linear {
             return Err(NdError::UnsupportedDType {
                 op: "linear",
                 dtype,
-                array: crate::engine::desc(weight.id)?,
+                array: crate::ext::desc(weight)?,
             });
         }
         if let Some(b) = bias {
@@ -214,8 +214,8 @@ impl Linear {
             if b.try_dtype()? != dtype {
                 return Err(NdError::DTypeMismatch {
                     op: "linear",
-                    lhs: crate::engine::desc(weight.id)?,
-                    rhs: crate::engine::desc(b.id)?,
+                    lhs: crate::ext::desc(weight)?,
+                    rhs: crate::ext::desc(b)?,
                 });
             }
             if bs.dims() != [out_features] {

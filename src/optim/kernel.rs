@@ -3,14 +3,14 @@
 //! Each update writes one array (a parameter or a state buffer) from itself and two
 //! inputs of the same shape, element by element, in one pass: `t = f(t, a, b)`. No
 //! temporary array is made, and nothing is allocated: the op goes straight through
-//! the engine's in-place path (`engine::run_inplace`), like `addi`.
+//! the in-place op path ([`ext::update_in_place`]), like `addi`.
 
 use crate::NDArray;
 use crate::autograd;
 use crate::dtype::{Float, dispatch_float};
-use crate::engine::{self, Layout};
 use crate::error::{NdError, Result};
-use crate::layout::for_each_row;
+use crate::ext;
+use crate::layout::{Layout, for_each_row};
 
 /// One elementwise update rule `t = apply(t, a, b)`, instantiated per float type.
 pub(crate) trait Update {
@@ -69,16 +69,16 @@ pub(crate) fn update(
     rule: &impl Update,
 ) -> Result<()> {
     autograd::check_inplace(op, target.id)?;
-    engine::run_inplace(target.id, &[a.id, b.id], |mut t, o| {
+    ext::update_in_place(target, [a, b], |mut t, o| {
         for x in o {
-            if x.dtype != t.dtype {
+            if x.dtype() != t.dtype() {
                 return Err(NdError::DTypeMismatch {
                     op,
                     lhs: t.desc(),
                     rhs: x.desc(),
                 });
             }
-            if x.shape() != &t.layout.shape {
+            if x.shape() != &t.layout().shape {
                 return Err(NdError::ShapeMismatch {
                     op,
                     lhs: t.desc(),
@@ -86,21 +86,23 @@ pub(crate) fn update(
                 });
             }
         }
-        let lt = t.layout.clone();
-        dispatch_float!(t.dtype, T => {
+        let [a, b] = o;
+        dispatch_float!(t.dtype(), T => {
+            let (a, b) = (a.view::<T>(), b.view::<T>());
+            let t = t.view_mut::<T>();
             zip3_inplace::<T>(
-                t.data_mut::<T>(),
-                &lt,
-                o[0].data::<T>(),
-                o[0].layout,
-                o[1].data::<T>(),
-                o[1].layout,
+                t.data,
+                t.layout,
+                a.data,
+                a.layout,
+                b.data,
+                b.layout,
                 |x, y, z| rule.apply(x, y, z),
             );
             Ok(())
         }, else Err(NdError::UnsupportedDType {
             op,
-            dtype: t.dtype,
+            dtype: t.dtype(),
             array: t.desc(),
         }))
     })
@@ -108,10 +110,10 @@ pub(crate) fn update(
 
 /// Sum of the squares of `a`'s elements, in f64 (read in place, nothing allocated).
 pub(crate) fn sum_of_squares(op: &'static str, a: NDArray) -> Result<f64> {
-    engine::read(a.id, |o| {
-        dispatch_float!(o.dtype, T => {
-            let d = o.data::<T>();
-            let l = o.layout;
+    ext::read(a, |o| {
+        dispatch_float!(o.dtype(), T => {
+            let v = o.view::<T>();
+            let (d, l) = (v.data, v.layout);
             let mut acc = 0.0f64;
             for_each_row(l.shape.dims(), [&l.strides], [l.offset], |off, len, s| {
                 for i in 0..len as isize {
@@ -122,7 +124,7 @@ pub(crate) fn sum_of_squares(op: &'static str, a: NDArray) -> Result<f64> {
             Ok(acc)
         }, else Err(NdError::UnsupportedDType {
             op,
-            dtype: o.dtype,
+            dtype: o.dtype(),
             array: o.desc(),
         }))
     })?

@@ -12,7 +12,7 @@
 //!
 //! [`Optimizer::step`] updates every parameter **in place** from its gradient
 //! (`p.gradient()`, filled by a [`GradientCollector`](crate::GradientCollector)): each
-//! update is one fused elementwise pass through the engine's in-place path (like
+//! update is one fused elementwise pass through the in-place op path (like
 //! `addi`), so a step creates no array and, in steady state, makes no heap allocation
 //! at all (`tests/optim_alloc.rs` checks it with [`CountingAllocator`]). Step after
 //! `backward`, outside the collector's recording (an update of a parameter the tape
@@ -62,8 +62,8 @@ pub use sgd::{Sgd, SgdConfig};
 
 use crate::backend::cpu;
 use crate::dtype::dispatch;
-use crate::engine;
 use crate::error::{NdError, Result, unwrap};
+use crate::ext;
 use crate::{NDArray, NDManager};
 
 /// An optimizer: updates its parameters in place from their gradients.
@@ -116,10 +116,10 @@ pub trait Optimizer {
                 continue;
             }
             let g = p.try_gradient()?;
-            engine::run_inplace(g.id, &[], |mut t, _| {
-                dispatch!(t.dtype, T => {
+            ext::update_in_place(g, [], |mut t, []| {
+                dispatch!(t.dtype(), T => {
                     let z = <T as crate::dtype::Native>::ZERO;
-                    cpu::assign_unary::<T>(&mut t, move |_| z)
+                    cpu::assign_unary::<T>(t.view_mut::<T>(), move |_| z)
                 });
                 Ok(())
             })?;
