@@ -8,8 +8,11 @@
 //! reshape of a non-contiguous array) copy into a new contiguous buffer.
 
 use super::NDArray;
+use super::axis::normalize_axis;
 use crate::autograd::{self, Backward, BackwardCtx, Grads, Rule};
 use crate::backend::cpu;
+use crate::backend::cpu::copy::{fill_value, for_each_offset};
+use crate::backend::cpu::gather::index_select_kernel;
 use crate::backend::cpu::{new_filled, new_overwritten};
 use crate::dtype::{Native, dispatch};
 use crate::engine::{self, Layout, Operand, Output};
@@ -19,25 +22,6 @@ use crate::shape::Dims;
 use crate::{DType, Shape};
 use smallvec::smallvec;
 use std::panic::Location;
-
-/// Normalise a possibly negative axis into `0..ndim`, or `AxisOutOfRange`.
-pub(crate) fn normalize_axis(
-    op: &'static str,
-    axis: isize,
-    ndim: usize,
-    o: &Operand<'_>,
-) -> Result<usize> {
-    let n = ndim as isize;
-    let a = if axis < 0 { axis + n } else { axis };
-    if a < 0 || a >= n {
-        return Err(NdError::AxisOutOfRange {
-            op,
-            axis,
-            array: o.desc(),
-        });
-    }
-    Ok(a as usize)
-}
 
 /// Copy `src` (broadcast to `shape`) into `out`, element `(i..)` going to
 /// `out_base + sum(i_k * out_strides[k])`.
@@ -745,7 +729,7 @@ pub(crate) fn tri_kernel<T: Native>(src: &[T], l: &Layout, k: i64, lower: bool, 
     let (rows, cols) = (dims[nd - 2], dims[nd - 1]);
     let (sr, sc) = (l.strides[nd - 2], l.strides[nd - 1]);
     let mut w = 0;
-    super::gather::for_each_offset(
+    for_each_offset(
         &dims[..nd - 2],
         &l.strides[..nd - 2],
         l.offset as isize,
@@ -860,7 +844,7 @@ fn repeat(x: NDArray, repeats: usize, axis: isize, at: SourceLocation) -> Result
             .flat_map(|i| std::iter::repeat_n(i, repeats))
             .collect();
         let buf = dispatch!(a.dtype, T => new_overwritten::<T>(total, |out| {
-            super::gather::index_select_kernel(a.data::<T>(), a.layout, ax, &idx, out)
+            index_select_kernel(a.data::<T>(), a.layout, ax, &idx, out)
         }))?;
         Ok(Output::New {
             buf,
@@ -1014,7 +998,7 @@ fn pad(x: NDArray, widths: &[(usize, usize)], value: f64, at: SourceLocation) ->
             .map(|(&(b, _), &s)| b * s as usize)
             .sum();
         let buf = dispatch!(a.dtype, T => {
-            let v: T = super::gather::fill_value(OP, value, a.dtype)?;
+            let v: T = fill_value(OP, value, a.dtype)?;
             new_overwritten::<T>(total, |out| {
                 out.fill(v);
                 if total > 0 {
@@ -1193,7 +1177,7 @@ fn full_like(x: NDArray, value: f64, at: SourceLocation) -> Result<NDArray> {
         let a = &o[0];
         let n = a.layout.size();
         let buf = dispatch!(a.dtype, T => {
-            let v: T = super::gather::fill_value(OP, value, a.dtype)?;
+            let v: T = fill_value(OP, value, a.dtype)?;
             new_overwritten::<T>(n, |out| out.fill(v))?
         });
         Ok(Output::New {

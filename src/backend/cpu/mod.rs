@@ -10,13 +10,17 @@
 //! * [`strided`]: the typed views kernels read and write;
 //! * [`elementwise`], [`reduce`], [`matmul`] (and `blas`, the optional OpenBLAS path):
 //!   the kernels shared by many ops;
+//! * [`copy`]: strided block copies and fill values; [`gather`]: the index-array
+//!   kernels (`index_select`, `gather`, `scatter_add`, `take`, masks);
 //! * [`fork`]: when a large kernel may split its work across threads, and where.
 
 #[cfg(feature = "openblas")]
 mod blas;
 pub(crate) mod buffer;
+pub(crate) mod copy;
 pub(crate) mod elementwise;
 pub(crate) mod fork;
+pub(crate) mod gather;
 pub(crate) mod matmul;
 pub(crate) mod pool;
 pub(crate) mod reduce;
