@@ -12,6 +12,8 @@
 //!   the kernels shared by many ops;
 //! * [`copy`]: strided block copies and fill values; [`gather`]: the index-array
 //!   kernels (`index_select`, `gather`, `scatter_add`, `take`, masks);
+//! * [`nn`]: softmax, `where`, one-hot, embedding and loss loops; [`norm`]: the
+//!   `layer_norm`/`batch_norm` kernel and the running-statistics update;
 //! * [`fork`]: when a large kernel may split its work across threads, and where.
 
 #[cfg(feature = "openblas")]
@@ -22,6 +24,8 @@ pub(crate) mod elementwise;
 pub(crate) mod fork;
 pub(crate) mod gather;
 pub(crate) mod matmul;
+pub(crate) mod nn;
+pub(crate) mod norm;
 pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod strided;
