@@ -4,81 +4,31 @@
 //! their own (`conv2d_grad_input` is col2im over `Wᵀ·G`, `conv2d_grad_weight` is
 //! `G·colᵀ`), run unrecorded by the tape.
 //!
-//! The kernels are plain functions over slices and a [`Layout`]; the input is read
-//! through its strides (a transposed or sliced view is not copied first).
+//! The kernels are plain functions over slices and a [`Layout`](crate::layout::Layout),
+//! in [`crate::backend::cpu::conv`] and [`crate::backend::cpu::pool2d`] (the window
+//! geometry in [`crate::backend::cpu::window`]); the input is read through its strides
+//! (a transposed or sliced view is not copied first).
 
 use super::NDArray;
 use super::nn::{Saved, float_operands};
 use crate::DType;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu;
-use crate::backend::cpu::{Mat, matmul_2d};
-use crate::backend::cpu::{new_filled, new_overwritten};
-use crate::dtype::{Native, dispatch_float};
+use crate::backend::cpu::conv::{
+    conv2d_grad_input_kernel, conv2d_grad_weight_kernel, conv2d_kernel,
+};
+use crate::backend::cpu::new_filled;
+use crate::backend::cpu::new_overwritten;
+use crate::backend::cpu::pool2d::{
+    avg_pool_grad_kernel, avg_pool_kernel, max_pool_grad_kernel, max_pool_kernel,
+};
+use crate::backend::cpu::window::Geom;
+use crate::dtype::dispatch_float;
 use crate::engine::{self, ArrayId, Buffer, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, unwrap};
-use crate::layout::Layout;
 use crate::shape::Shape;
-use rayon::prelude::*;
 use smallvec::{SmallVec, smallvec};
 use std::panic::Location;
-
-/// Elements of one im2col buffer: the batch is processed in chunks of samples whose
-/// column matrix stays under this size (16 MiB of f32).
-const COL_LIMIT: usize = 1 << 22;
-
-/// Work (elements) above which the im2col/col2im and pooling loops run on several
-/// threads.
-const PARALLEL_WORK: usize = 1 << 15;
-
-/// The geometry of a 2-D sliding window over `[N, C, H, W]` (pools also accept
-/// `[C, H, W]`, seen as `N = 1`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Geom {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    kh: usize,
-    kw: usize,
-    sh: usize,
-    sw: usize,
-    ph: usize,
-    pw: usize,
-    dh: usize,
-    dw: usize,
-    oh: usize,
-    ow: usize,
-}
-
-impl Geom {
-    /// Output positions per plane.
-    fn l(&self) -> usize {
-        self.oh * self.ow
-    }
-
-    /// The valid output columns `ox` for kernel column `kj`: those whose input column
-    /// `ox*sw + kj*dw - pw` lies in `0..w`.
-    fn cols(&self, kj: usize) -> (usize, usize) {
-        span(self.ow, self.sw, kj * self.dw, self.pw, self.w)
-    }
-
-    /// The valid output rows `oy` for kernel row `ki`.
-    fn rows(&self, ki: usize) -> (usize, usize) {
-        span(self.oh, self.sh, ki * self.dh, self.ph, self.h)
-    }
-}
-
-/// `lo..hi`: the `o < out` with `0 <= o*s + k - p < len`.
-fn span(out: usize, s: usize, k: usize, p: usize, len: usize) -> (usize, usize) {
-    let lo = if p > k { (p - k).div_ceil(s) } else { 0 };
-    let hi = if len + p > k {
-        ((len + p - k - 1) / s + 1).min(out)
-    } else {
-        0
-    };
-    (lo.min(hi), hi)
-}
 
 /// One output size: `(len + 2p - d(k-1) - 1) / s + 1`, or `None` if the (dilated)
 /// window does not fit in the padded input.
@@ -146,354 +96,6 @@ impl Window {
             ow,
         })
     }
-}
-
-/// Element strides `[n, c, h, w]` and offset of a 4-D (or 3-D, `n` stride 0) layout.
-fn nchw_strides(l: &Layout) -> ([isize; 4], isize) {
-    let s = &l.strides;
-    let st = if s.len() == 4 {
-        [s[0], s[1], s[2], s[3]]
-    } else {
-        [0, s[0], s[1], s[2]]
-    };
-    (st, l.offset as isize)
-}
-
-/// The im2col matrix of samples `n0..n0+nb` and channels `c0..c0+cg` of `x`: row
-/// `(c*kh + ki)*kw + kj`, column `b*L + oy*ow + ox` holds the input element under kernel
-/// tap `(ki, kj)` of output position `(oy, ox)` of sample `b` (0 in the padding).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn im2col<T: Native>(
-    x: &[T],
-    l: &Layout,
-    g: &Geom,
-    n0: usize,
-    nb: usize,
-    c0: usize,
-    cg: usize,
-    col: &mut [T],
-) {
-    let (st, off) = nchw_strides(l);
-    let lsz = g.l();
-    let ncols = nb * lsz;
-    let rows = cg * g.kh * g.kw;
-    debug_assert!(col.len() >= rows * ncols);
-    if ncols == 0 || rows == 0 {
-        return;
-    }
-    let fill_row = |r: usize, dst: &mut [T]| {
-        let c = r / (g.kh * g.kw);
-        let ki = (r / g.kw) % g.kh;
-        let kj = r % g.kw;
-        let (ylo, yhi) = g.rows(ki);
-        let (xlo, xhi) = g.cols(kj);
-        for b in 0..nb {
-            let base = off + (n0 + b) as isize * st[0] + (c0 + c) as isize * st[1];
-            let d = &mut dst[b * lsz..(b + 1) * lsz];
-            for oy in 0..g.oh {
-                let drow = &mut d[oy * g.ow..(oy + 1) * g.ow];
-                if oy < ylo || oy >= yhi {
-                    drow.fill(T::ZERO);
-                    continue;
-                }
-                let iy = (oy * g.sh + ki * g.dh - g.ph) as isize;
-                drow[..xlo].fill(T::ZERO);
-                drow[xhi..].fill(T::ZERO);
-                let x0 = (xlo * g.sw + kj * g.dw - g.pw) as isize;
-                let start = base + iy * st[2] + x0 * st[3];
-                let step = g.sw as isize * st[3];
-                if step == 1 {
-                    let s = start as usize;
-                    drow[xlo..xhi].copy_from_slice(&x[s..s + (xhi - xlo)]);
-                } else {
-                    for (i, o) in drow[xlo..xhi].iter_mut().enumerate() {
-                        *o = x[(start + i as isize * step) as usize];
-                    }
-                }
-            }
-        }
-    };
-    let col = &mut col[..rows * ncols];
-    if rows * ncols >= PARALLEL_WORK && cpu::may_fork() {
-        cpu::fork(|| {
-            col.par_chunks_mut(ncols)
-                .enumerate()
-                .for_each(|(r, d)| fill_row(r, d))
-        });
-    } else {
-        col.chunks_mut(ncols)
-            .enumerate()
-            .for_each(|(r, d)| fill_row(r, d));
-    }
-}
-
-/// The adjoint of [`im2col`]: add column matrix `col` (samples `n0..n0+nb`, channels
-/// `c0..c0+cg`) back into the contiguous `[N, C, H, W]` gradient `dx`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn col2im<T: Native>(
-    col: &[T],
-    g: &Geom,
-    n0: usize,
-    nb: usize,
-    c0: usize,
-    cg: usize,
-    dx: &mut [T],
-) {
-    let (lsz, plane) = (g.l(), g.h * g.w);
-    let ncols = nb * lsz;
-    if ncols == 0 || cg == 0 || plane == 0 {
-        return;
-    }
-    // One plane (sample b, channel c) per task: planes are disjoint in `dx`.
-    let add_plane = |b: usize, c: usize, dst: &mut [T]| {
-        for ki in 0..g.kh {
-            let (ylo, yhi) = g.rows(ki);
-            for kj in 0..g.kw {
-                let (xlo, xhi) = g.cols(kj);
-                let r = (c * g.kh + ki) * g.kw + kj;
-                let src = &col[r * ncols + b * lsz..r * ncols + (b + 1) * lsz];
-                for oy in ylo..yhi {
-                    let iy = oy * g.sh + ki * g.dh - g.ph;
-                    let srow = &src[oy * g.ow..(oy + 1) * g.ow];
-                    let x0 = xlo * g.sw + kj * g.dw - g.pw;
-                    let drow = &mut dst[iy * g.w..(iy + 1) * g.w];
-                    if g.sw == 1 {
-                        for (o, &v) in drow[x0..x0 + (xhi - xlo)].iter_mut().zip(&srow[xlo..xhi]) {
-                            *o = o.add(v);
-                        }
-                    } else {
-                        for (i, &v) in srow[xlo..xhi].iter().enumerate() {
-                            let o = &mut drow[x0 + i * g.sw];
-                            *o = o.add(v);
-                        }
-                    }
-                }
-            }
-        }
-    };
-    for b in 0..nb {
-        let start = ((n0 + b) * g.c + c0) * plane;
-        let planes = &mut dx[start..start + cg * plane];
-        if cg * plane * g.kh * g.kw >= PARALLEL_WORK && cpu::may_fork() {
-            cpu::fork(|| {
-                planes
-                    .par_chunks_mut(plane)
-                    .enumerate()
-                    .for_each(|(c, d)| add_plane(b, c, d))
-            });
-        } else {
-            planes
-                .chunks_mut(plane)
-                .enumerate()
-                .for_each(|(c, d)| add_plane(b, c, d));
-        }
-    }
-}
-
-/// Samples per im2col chunk.
-fn chunk(g: &Geom, k: usize) -> usize {
-    (COL_LIMIT / (k * g.l()).max(1)).clamp(1, g.n.max(1))
-}
-
-/// `[N, O, oh, ow]` rows `n0..n0+nb` of `g` (read through its layout) as a contiguous
-/// `[O, nb*L]` matrix.
-fn gather_grad<T: Native>(g: &Operand<'_>, n0: usize, nb: usize, lsz: usize, out: &mut [T]) {
-    let (st, off) = nchw_strides(g.layout);
-    let data = g.data::<T>();
-    let d = g.shape().dims();
-    let (o_count, oh, ow) = (d[1], d[2], d[3]);
-    let ncols = nb * lsz;
-    for o in 0..o_count {
-        for b in 0..nb {
-            let dst = &mut out[o * ncols + b * lsz..o * ncols + (b + 1) * lsz];
-            let base = off + (n0 + b) as isize * st[0] + o as isize * st[1];
-            for (y, row) in dst.chunks_mut(ow.max(1)).enumerate().take(oh) {
-                let start = base + y as isize * st[2];
-                if st[3] == 1 {
-                    row.copy_from_slice(&data[start as usize..start as usize + ow]);
-                } else {
-                    for (x, e) in row.iter_mut().enumerate() {
-                        *e = data[(start + x as isize * st[3]) as usize];
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Run `f` on a scratch slice of `len` elements taken from the buffer pool (not
-/// zeroed: `f` must write before it reads) and return its result; the memory goes
-/// back to the pool, so repeated calls neither zero nor fault in fresh pages.
-fn with_scratch<T: Native, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
-    let mut r = None;
-    let _buf = new_overwritten::<T>(len, |s| r = Some(f(s)))?;
-    Ok(r.expect("new_overwritten calls its closure"))
-}
-
-/// A weight `[O, C/groups, kh, kw]` as a contiguous slice and its start offset (copied
-/// only if the operand is not contiguous).
-fn weight_slice<'a, T: Native>(w: &'a Operand<'_>, owned: &'a mut Vec<T>) -> (&'a [T], usize) {
-    if w.layout.is_contiguous() {
-        (w.data::<T>(), w.layout.offset)
-    } else {
-        *owned = cpu::to_vec::<T>(w);
-        (owned.as_slice(), 0)
-    }
-}
-
-fn conv2d_kernel<T: Native>(
-    x: &Operand<'_>,
-    w: &Operand<'_>,
-    bias: Option<&Operand<'_>>,
-    g: &Geom,
-    o_count: usize,
-    groups: usize,
-) -> Result<Buffer> {
-    let (cg, og) = (g.c / groups, o_count / groups);
-    let k = cg * g.kh * g.kw;
-    let lsz = g.l();
-    let total = g.n * o_count * lsz;
-    let mut owned = Vec::new();
-    let (wd, woff) = weight_slice::<T>(w, &mut owned);
-    let bias: Option<Vec<T>> = bias.map(|b| cpu::to_vec::<T>(b));
-    let xd = x.data::<T>();
-    let nb_max = chunk(g, k);
-    with_scratch::<T, _>(k * nb_max * lsz, |col| {
-        with_scratch::<T, _>(og * nb_max * lsz, |tmp| {
-            new_overwritten::<T>(total, |out| {
-                if total == 0 {
-                    return;
-                }
-                for n0 in (0..g.n).step_by(nb_max) {
-                    let nb = nb_max.min(g.n - n0);
-                    let ncols = nb * lsz;
-                    for gi in 0..groups {
-                        im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
-                        let a = Mat {
-                            data: wd,
-                            off: (woff + gi * og * k) as isize,
-                            rs: k as isize,
-                            cs: 1,
-                        };
-                        let b = Mat {
-                            data: col,
-                            off: 0,
-                            rs: ncols as isize,
-                            cs: 1,
-                        };
-                        matmul_2d(og, ncols, k, a, b, tmp);
-                        for o in 0..og {
-                            let oc = gi * og + o;
-                            let add = bias.as_ref().map_or(T::ZERO, |b| b[oc]);
-                            for bb in 0..nb {
-                                let dst = &mut out[((n0 + bb) * o_count + oc) * lsz..][..lsz];
-                                let src = &tmp[o * ncols + bb * lsz..][..lsz];
-                                for (d, &s) in dst.iter_mut().zip(src) {
-                                    *d = s.add(add);
-                                }
-                            }
-                        }
-                    }
-                }
-            })
-        })
-    })??
-}
-
-/// `dx = col2im(Wᵀ · G)` per group and chunk of samples.
-fn conv2d_grad_input_kernel<T: Native>(
-    gr: &Operand<'_>,
-    w: &Operand<'_>,
-    g: &Geom,
-    groups: usize,
-) -> Result<Buffer> {
-    let o_count = gr.shape().dims()[1];
-    let (cg, og) = (g.c / groups, o_count / groups);
-    let k = cg * g.kh * g.kw;
-    let lsz = g.l();
-    let mut owned = Vec::new();
-    let (wd, woff) = weight_slice::<T>(w, &mut owned);
-    let nb_max = chunk(g, k.max(o_count));
-    with_scratch::<T, _>(o_count * nb_max * lsz, |gt| {
-        with_scratch::<T, _>(k * nb_max * lsz, |dcol| {
-            new_filled::<T>(g.n * g.c * g.h * g.w, |dx| {
-                if lsz == 0 || k == 0 {
-                    return;
-                }
-                for n0 in (0..g.n).step_by(nb_max) {
-                    let nb = nb_max.min(g.n - n0);
-                    let ncols = nb * lsz;
-                    gather_grad(gr, n0, nb, lsz, gt);
-                    for gi in 0..groups {
-                        let a = Mat {
-                            data: wd,
-                            off: (woff + gi * og * k) as isize,
-                            rs: 1,
-                            cs: k as isize,
-                        };
-                        let b = Mat {
-                            data: gt,
-                            off: (gi * og * ncols) as isize,
-                            rs: ncols as isize,
-                            cs: 1,
-                        };
-                        matmul_2d(k, ncols, og, a, b, dcol);
-                        col2im(dcol, g, n0, nb, gi * cg, cg, dx);
-                    }
-                }
-            })
-        })
-    })??
-}
-
-/// `dW = G · colᵀ` per group, summed over chunks of samples.
-fn conv2d_grad_weight_kernel<T: Native>(
-    x: &Operand<'_>,
-    gr: &Operand<'_>,
-    g: &Geom,
-    groups: usize,
-) -> Result<Buffer> {
-    let o_count = gr.shape().dims()[1];
-    let (cg, og) = (g.c / groups, o_count / groups);
-    let k = cg * g.kh * g.kw;
-    let lsz = g.l();
-    let xd = x.data::<T>();
-    let nb_max = chunk(g, k.max(o_count));
-    let mut tmp = vec![T::ZERO; og * k];
-    with_scratch::<T, _>(o_count * nb_max * lsz, |gt| {
-        with_scratch::<T, _>(k * nb_max * lsz, |col| {
-            new_filled::<T>(o_count * k, |dw| {
-                if lsz == 0 || k == 0 || og == 0 {
-                    return;
-                }
-                for n0 in (0..g.n).step_by(nb_max) {
-                    let nb = nb_max.min(g.n - n0);
-                    let ncols = nb * lsz;
-                    gather_grad(gr, n0, nb, lsz, gt);
-                    for gi in 0..groups {
-                        im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
-                        let a = Mat {
-                            data: gt,
-                            off: (gi * og * ncols) as isize,
-                            rs: ncols as isize,
-                            cs: 1,
-                        };
-                        let b = Mat {
-                            data: col,
-                            off: 0,
-                            rs: 1,
-                            cs: ncols as isize,
-                        };
-                        matmul_2d(og, k, ncols, a, b, &mut tmp);
-                        let dst = &mut dw[gi * og * k..(gi + 1) * og * k];
-                        for (d, &s) in dst.iter_mut().zip(&tmp) {
-                            *d = d.add(s);
-                        }
-                    }
-                }
-            })
-        })
-    })??
 }
 
 /// Validate conv2d's operands and build the geometry.
@@ -611,7 +213,7 @@ fn conv2d_impl(
         let (xo, wo, bo) = (&o[0], &o[1], o.get(2));
         let g = conv2d_geom(xo, wo, bo, &win, groups)?;
         let o_count = wo.shape().dims()[0];
-        let buf = dispatch_float!(xo.dtype, T => conv2d_kernel::<T>(xo, wo, bo, &g, o_count, groups)?,
+        let buf = dispatch_float!(xo.dtype, T => conv2d_kernel::<T>(xo.into(), wo.into(), bo.map(Into::into), &g, o_count, groups)?,
             else return Err(engine::unsupported(OP, xo)));
         geom = Some(g);
         Ok(Output::New {
@@ -647,7 +249,7 @@ impl Backward for Conv2dRule {
         let dx = if cx.need(0) {
             let id = engine::run_op("conv2d_grad_input", &[gr.id, w.id], here, |o| {
                 let buf = dispatch_float!(o[0].dtype,
-                    T => conv2d_grad_input_kernel::<T>(&o[0], &o[1], &g, groups)?,
+                    T => conv2d_grad_input_kernel::<T>((&o[0]).into(), (&o[1]).into(), &g, groups)?,
                     else return Err(engine::unsupported("conv2d_grad_input", &o[0])));
                 Ok(Output::New {
                     buf,
@@ -663,7 +265,7 @@ impl Backward for Conv2dRule {
             let shape = cx.shapes[1].clone();
             let id = engine::run_op("conv2d_grad_weight", &[x.id, gr.id], here, |o| {
                 let buf = dispatch_float!(o[0].dtype,
-                    T => conv2d_grad_weight_kernel::<T>(&o[0], &o[1], &g, groups)?,
+                    T => conv2d_grad_weight_kernel::<T>((&o[0]).into(), (&o[1]).into(), &g, groups)?,
                     else return Err(engine::unsupported("conv2d_grad_weight", &o[0])));
                 Ok(Output::New {
                     buf,
@@ -698,104 +300,6 @@ impl Pool {
             Pool::Max => "max_pool2d",
             Pool::Avg => "avg_pool2d",
         }
-    }
-}
-
-/// Max pooling of every plane of `x` into `out`, with the argmax (`iy*W + ix` within
-/// the plane) of each output element into `arg`. NaN wins, as in PyTorch.
-pub(crate) fn max_pool_kernel<T: Native>(
-    x: &[T],
-    l: &Layout,
-    g: &Geom,
-    out: &mut [T],
-    arg: &mut [i64],
-) {
-    let (st, off) = nchw_strides(l);
-    let lsz = g.l();
-    let plane = |p: usize, o: &mut [T], a: &mut [i64]| {
-        let base = off + (p / g.c) as isize * st[0] + (p % g.c) as isize * st[1];
-        for oy in 0..g.oh {
-            let y0 = (oy * g.sh) as isize - g.ph as isize;
-            let (ylo, yhi) = (y0.max(0), (y0 + g.kh as isize).min(g.h as isize));
-            for ox in 0..g.ow {
-                let x0 = (ox * g.sw) as isize - g.pw as isize;
-                let (xlo, xhi) = (x0.max(0), (x0 + g.kw as isize).min(g.w as isize));
-                let mut best = T::LOWEST;
-                let mut at = ylo * g.w as isize + xlo;
-                for iy in ylo..yhi {
-                    for ix in xlo..xhi {
-                        let v = x[(base + iy * st[2] + ix * st[3]) as usize];
-                        if v > best || v.is_nan() {
-                            best = v;
-                            at = iy * g.w as isize + ix;
-                            if v.is_nan() {
-                                break;
-                            }
-                        }
-                    }
-                    if best.is_nan() {
-                        break;
-                    }
-                }
-                o[oy * g.ow + ox] = best;
-                a[oy * g.ow + ox] = at as i64;
-            }
-        }
-    };
-    if lsz == 0 {
-        return;
-    }
-    if out.len() * g.kh * g.kw >= PARALLEL_WORK && cpu::may_fork() {
-        cpu::fork(|| {
-            out.par_chunks_mut(lsz)
-                .zip(arg.par_chunks_mut(lsz))
-                .enumerate()
-                .for_each(|(p, (o, a))| plane(p, o, a))
-        });
-    } else {
-        out.chunks_mut(lsz)
-            .zip(arg.chunks_mut(lsz))
-            .enumerate()
-            .for_each(|(p, (o, a))| plane(p, o, a));
-    }
-}
-
-/// Average pooling (padding counted in the divisor, PyTorch's `count_include_pad`).
-pub(crate) fn avg_pool_kernel<T: Native>(x: &[T], l: &Layout, g: &Geom, out: &mut [T]) {
-    let (st, off) = nchw_strides(l);
-    let lsz = g.l();
-    let div = T::from_f64((g.kh * g.kw) as f64);
-    let plane = |p: usize, o: &mut [T]| {
-        let base = off + (p / g.c) as isize * st[0] + (p % g.c) as isize * st[1];
-        for oy in 0..g.oh {
-            let y0 = (oy * g.sh) as isize - g.ph as isize;
-            let (ylo, yhi) = (y0.max(0), (y0 + g.kh as isize).min(g.h as isize));
-            for ox in 0..g.ow {
-                let x0 = (ox * g.sw) as isize - g.pw as isize;
-                let (xlo, xhi) = (x0.max(0), (x0 + g.kw as isize).min(g.w as isize));
-                let mut sum = T::ZERO;
-                for iy in ylo..yhi {
-                    for ix in xlo..xhi {
-                        sum = sum.add(x[(base + iy * st[2] + ix * st[3]) as usize]);
-                    }
-                }
-                o[oy * g.ow + ox] = sum.div(div);
-            }
-        }
-    };
-    if lsz == 0 {
-        return;
-    }
-    if out.len() * g.kh * g.kw >= PARALLEL_WORK && cpu::may_fork() {
-        cpu::fork(|| {
-            out.par_chunks_mut(lsz)
-                .enumerate()
-                .for_each(|(p, o)| plane(p, o))
-        });
-    } else {
-        out.chunks_mut(lsz)
-            .enumerate()
-            .for_each(|(p, o)| plane(p, o));
     }
 }
 
@@ -942,34 +446,9 @@ impl Backward for PoolRule {
                     match kind {
                         Pool::Max => {
                             let arg = cpu::to_vec::<i64>(&o[1]);
-                            for (p, d) in dx.chunks_mut(plane).enumerate() {
-                                let (gs, a) = (&gd[p * lsz..][..lsz], &arg[p * lsz..][..lsz]);
-                                for (&v, &i) in gs.iter().zip(a) {
-                                    d[i as usize] = d[i as usize].add(v);
-                                }
-                            }
+                            max_pool_grad_kernel(&gd, &arg, &g, dx)
                         }
-                        Pool::Avg => {
-                            let div = T::from_f64((g.kh * g.kw) as f64);
-                            for (p, d) in dx.chunks_mut(plane).enumerate() {
-                                let gs = &gd[p * lsz..][..lsz];
-                                for oy in 0..g.oh {
-                                    let y0 = (oy * g.sh) as isize - g.ph as isize;
-                                    let (ylo, yhi) = (y0.max(0), (y0 + g.kh as isize).min(g.h as isize));
-                                    for ox in 0..g.ow {
-                                        let x0 = (ox * g.sw) as isize - g.pw as isize;
-                                        let (xlo, xhi) = (x0.max(0), (x0 + g.kw as isize).min(g.w as isize));
-                                        let v = gs[oy * g.ow + ox].div(div);
-                                        for iy in ylo..yhi {
-                                            for ix in xlo..xhi {
-                                                let e = &mut d[(iy * g.w as isize + ix) as usize];
-                                                *e = e.add(v);
-                                            }
-                                        }
-                                    }
-                                }
-                            }
-                        }
+                        Pool::Avg => avg_pool_grad_kernel(&gd, &g, dx),
                     }
                 })?
             }, else return Err(engine::unsupported(op, gv)));
@@ -1145,6 +624,8 @@ impl NDArray {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::conv::{col2im, im2col};
+    use crate::layout::Layout;
 
     fn geom(h: usize, w: usize, k: usize, s: usize, p: usize, d: usize) -> Geom {
         Window {
@@ -1155,25 +636,6 @@ mod tests {
         }
         .geom("t", 1, 1, [h, w])
         .unwrap()
-    }
-
-    #[test]
-    fn spans_match_a_brute_force_scan() {
-        for (out, s, k, p, len) in [
-            (4, 1, 0, 1, 4),
-            (3, 2, 2, 1, 5),
-            (2, 3, 4, 2, 3),
-            (5, 1, 9, 0, 3),
-        ] {
-            let ok: Vec<usize> = (0..out)
-                .filter(|&o| {
-                    let i = (o * s + k) as isize - p as isize;
-                    i >= 0 && i < len as isize
-                })
-                .collect();
-            let (lo, hi) = span(out, s, k, p, len);
-            assert_eq!((lo..hi).collect::<Vec<_>>(), ok, "{out} {s} {k} {p} {len}");
-        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! array lives until its manager closes, the scope it is registered in closes, or it is
 //! closed or released explicitly (see the crate docs for the rules).
 
+mod axis;
 mod conv;
 mod display;
 mod dropout;

@@ -43,7 +43,7 @@ impl Red {
 
 /// One axis of `o`, negative counting from the end, or `AxisOutOfRange`.
 pub(crate) fn normalize_axis(op: &'static str, o: &Operand<'_>, axis: isize) -> Result<usize> {
-    super::shape_ops::normalize_axis(op, axis, o.shape().ndim(), o)
+    super::axis::normalize_axis(op, axis, o.shape().ndim(), o)
 }
 
 /// Sorted axes (`None`: all of them); out of range is `AxisOutOfRange`, a repeated axis

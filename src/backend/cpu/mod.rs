@@ -10,19 +10,32 @@
 //! * [`strided`]: the typed views kernels read and write;
 //! * [`elementwise`], [`reduce`], [`matmul`] (and `blas`, the optional OpenBLAS path):
 //!   the kernels shared by many ops;
+//! * [`copy`]: strided block copies and fill values; [`gather`]: the index-array
+//!   kernels (`index_select`, `gather`, `scatter_add`, `take`, masks);
+//! * [`nn`]: softmax, `where`, one-hot, embedding and loss loops; [`norm`]: the
+//!   `layer_norm`/`batch_norm` kernel and the running-statistics update;
+//! * [`window`]: the geometry of a 2-D sliding window; [`conv`]: im2col/col2im and
+//!   `conv2d`'s forward and gradient kernels; [`pool2d`]: max and average pooling;
 //! * [`fork`]: when a large kernel may split its work across threads, and where.
 
 #[cfg(feature = "openblas")]
 mod blas;
 pub(crate) mod buffer;
+pub(crate) mod conv;
+pub(crate) mod copy;
 pub(crate) mod elementwise;
 pub(crate) mod fork;
+pub(crate) mod gather;
 pub(crate) mod matmul;
+pub(crate) mod nn;
+pub(crate) mod norm;
 pub(crate) mod pool;
+pub(crate) mod pool2d;
 pub(crate) mod reduce;
 pub(crate) mod strided;
 #[cfg(test)]
 mod tests;
+pub(crate) mod window;
 
 pub(crate) use buffer::{Buffer, new_filled, new_overwritten};
 pub(crate) use elementwise::{assign_binary, assign_unary, map_binary, map_unary, to_vec};

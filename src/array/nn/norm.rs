@@ -1,0 +1,456 @@
+//! The normalisations, `layer_norm` and `batch_norm` (with its in-place update of
+//! the running statistics), and their shared gradient rule.
+
+use super::{Saved, float_operands};
+use crate::array::NDArray;
+use crate::array::reduce::{normalize_axes, reduced_shape};
+use crate::autograd::{self, Backward, BackwardCtx, Grads};
+use crate::backend::cpu;
+use crate::backend::cpu::nn::buffer_of;
+use crate::backend::cpu::norm::{Affine, normalize_kernel, update_running};
+use crate::dtype::{Native, dispatch_float};
+use crate::engine::{self, ArrayId, Operand, Output};
+use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::shape::{Dims, Shape};
+use smallvec::{SmallVec, smallvec};
+use std::panic::Location;
+
+/// `(x - mean) * rstd` from the saved statistics.
+fn x_hat(x: NDArray, mean: NDArray, rstd: NDArray) -> Result<NDArray> {
+    x.try_sub(mean)?.try_mul(rstd)
+}
+
+/// The gradient of `layer_norm` and `batch_norm`. Inputs: `x`, then `gamma` and `beta`
+/// where given. With batch statistics (`layer_norm`, `batch_norm` in training),
+/// `dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))` with
+/// `dxhat = g * gamma` and means over the normalised axes; with fixed statistics
+/// (`batch_norm` in inference) `dx = g * gamma * rstd`. `dgamma = g * xhat` and
+/// `dbeta = g`, summed over the normalised axes (`batch_norm`) or reduced to their
+/// shape by the tape (`layer_norm`).
+struct NormRule {
+    op: &'static str,
+    /// The normalised axes.
+    axes: SmallVec<[isize; 4]>,
+    /// `batch_norm`: gamma `[C]` is reshaped to this (`[C, 1, ...]`) to broadcast, and
+    /// its gradient summed over `axes`.
+    channel: Option<Shape>,
+    /// The statistics were computed from this batch (not given).
+    batch_stats: bool,
+    has_gamma: bool,
+    has_beta: bool,
+    mean: Saved,
+    rstd: Saved,
+}
+
+impl Backward for NormRule {
+    fn name(&self) -> &'static str {
+        self.op
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (if self.has_gamma { 0b11 } else { 0b01 }, false)
+    }
+    fn extra(&self) -> SmallVec<[ArrayId; 2]> {
+        let mut v = self.mean.ids();
+        v.extend(self.rstd.ids());
+        v
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let (x, mean, rstd) = (
+            cx.inputs[0],
+            self.mean.get(self.op)?,
+            self.rstd.get(self.op)?,
+        );
+        let gamma = match (self.has_gamma, &self.channel) {
+            (false, _) => None,
+            (true, None) => Some(cx.inputs[1]),
+            (true, Some(shape)) => Some(cx.inputs[1].try_reshape(shape.clone())?),
+        };
+        let axes = &self.axes[..];
+        let xhat = x_hat(x, mean, rstd)?;
+        let mut grads: Grads = smallvec![None];
+        if cx.need(0) {
+            let dxhat = match gamma {
+                Some(gm) => g.try_mul(gm)?,
+                None => g,
+            };
+            grads[0] = Some(if self.batch_stats {
+                let m1 = dxhat.try_mean_axes(axes, true)?;
+                let m2 = dxhat.try_mul(xhat)?.try_mean_axes(axes, true)?;
+                dxhat
+                    .try_sub(m1)?
+                    .try_sub(xhat.try_mul(m2)?)?
+                    .try_mul(rstd)?
+            } else {
+                dxhat.try_mul(rstd)?
+            });
+        }
+        let reduce = |v: NDArray| -> Result<NDArray> {
+            if self.channel.is_some() {
+                v.try_sum_axes(axes, false)
+            } else {
+                Ok(v)
+            }
+        };
+        if self.has_gamma {
+            grads.push(if cx.need(1) {
+                Some(reduce(g.try_mul(xhat)?)?)
+            } else {
+                None
+            });
+        }
+        if self.has_beta {
+            let i = 1 + self.has_gamma as usize;
+            grads.push(if cx.need(i) { Some(reduce(g)?) } else { None });
+        }
+        Ok(grads)
+    }
+}
+
+/// `eps` must be finite and non-negative.
+fn check_eps(op: &'static str, eps: f64) -> Result<()> {
+    if !(eps >= 0.0 && eps.is_finite()) {
+        return Err(NdError::invalid(
+            op,
+            format!("eps = {eps} must be finite and non-negative"),
+        ));
+    }
+    Ok(())
+}
+
+fn layer_norm_impl(
+    x: NDArray,
+    axes: &[isize],
+    gamma: Option<NDArray>,
+    beta: Option<NDArray>,
+    eps: f64,
+    at: SourceLocation,
+) -> Result<NDArray> {
+    const OP: &str = "layer_norm";
+    check_eps(OP, eps)?;
+    let mut ids: SmallVec<[ArrayId; 3]> = smallvec![x.id];
+    ids.extend(gamma.map(|a| a.id));
+    ids.extend(beta.map(|a| a.id));
+    let mut saved = None;
+    let id = engine::run_op(OP, &ids, at, |o| {
+        let a = &o[0];
+        let (go, bo) = (
+            gamma.map(|_| &o[1]),
+            beta.map(|_| &o[1 + gamma.is_some() as usize]),
+        );
+        let others: SmallVec<[&Operand<'_>; 2]> = go.iter().chain(bo.iter()).copied().collect();
+        float_operands(OP, a, &others)?;
+        let norm = normalize_axes(OP, a, Some(axes))?;
+        if norm.is_empty() {
+            return Err(NdError::invalid(OP, "no axes to normalise over"));
+        }
+        let shape = a.shape().clone();
+        for p in &others {
+            if Shape::broadcast(p.shape(), &shape).as_ref() != Some(&shape) {
+                return Err(NdError::ShapeMismatch {
+                    op: OP,
+                    lhs: a.desc(),
+                    rhs: p.desc(),
+                });
+            }
+        }
+        let red: SmallVec<[bool; 4]> = (0..shape.ndim()).map(|d| norm.contains(&d)).collect();
+        let stats_shape = reduced_shape(&shape, &norm, true);
+        let (buf, mean, var) = dispatch_float!(a.dtype, T => {
+            let (one, zero) = ([T::ONE], [T::ZERO]);
+            let gm = go.map_or_else(|| Affine::constant(&one, shape.ndim()), |p| Affine::of(p.into(), &shape, false));
+            let bt = bo.map_or_else(|| Affine::constant(&zero, shape.ndim()), |p| Affine::of(p.into(), &shape, false));
+            let (buf, mean, var) = normalize_kernel::<T>(a.into(), &red, &gm, &bt, eps, None)?;
+            let rstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+            (buf, buffer_of::<T>(&mean)?, buffer_of::<T>(&rstd)?)
+        }, else return Err(engine::unsupported(OP, a)));
+        saved = Some((mean, var, stats_shape, a.dtype));
+        Ok(Output::New {
+            buf,
+            shape,
+            dtype: a.dtype,
+        })
+    })?;
+    if let Some((mean, rstd, stats_shape, dtype)) = saved {
+        autograd::record_custom(&ids, id, || NormRule {
+            op: OP,
+            axes: axes.iter().copied().collect(),
+            channel: None,
+            batch_stats: true,
+            has_gamma: gamma.is_some(),
+            has_beta: beta.is_some(),
+            mean: Saved::new(id, mean, stats_shape.clone(), dtype),
+            rstd: Saved::new(id, rstd, stats_shape, dtype),
+        });
+    }
+    Ok(NDArray { id })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn batch_norm_impl(
+    x: NDArray,
+    running_mean: NDArray,
+    running_var: NDArray,
+    gamma: Option<NDArray>,
+    beta: Option<NDArray>,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+    at: SourceLocation,
+) -> Result<NDArray> {
+    const OP: &str = "batch_norm";
+    check_eps(OP, eps)?;
+    if !momentum.is_finite() {
+        return Err(NdError::invalid(
+            OP,
+            format!("momentum = {momentum} must be finite"),
+        ));
+    }
+    if training {
+        autograd::check_inplace(OP, running_mean.id)?;
+        autograd::check_inplace(OP, running_var.id)?;
+    }
+    let mut ids: SmallVec<[ArrayId; 5]> = smallvec![x.id, running_mean.id, running_var.id];
+    ids.extend(gamma.map(|a| a.id));
+    ids.extend(beta.map(|a| a.id));
+    let mut saved = None;
+    let id = engine::run_op(OP, &ids, at, |o| {
+        let (a, rm, rv) = (&o[0], &o[1], &o[2]);
+        let (go, bo) = (
+            gamma.map(|_| &o[3]),
+            beta.map(|_| &o[3 + gamma.is_some() as usize]),
+        );
+        let mut others: SmallVec<[&Operand<'_>; 4]> = smallvec![rm, rv];
+        others.extend(go.iter().chain(bo.iter()).copied());
+        float_operands(OP, a, &others)?;
+        let shape = a.shape().clone();
+        let dims = shape.dims();
+        if dims.len() < 2 {
+            return Err(NdError::invalid(
+                OP,
+                format!(
+                    "the input must be [N, C] or [N, C, ...] (channels on axis 1), got shape {shape}"
+                ),
+            ));
+        }
+        let c = dims[1];
+        for p in &others {
+            if p.shape().dims() != [c] {
+                return Err(NdError::invalid(
+                    OP,
+                    format!(
+                        "the running statistics, gamma and beta must have shape [{c}] (the \
+                         channels of input shape {shape}), got shape {} ({})",
+                        p.shape(),
+                        p.desc()
+                    ),
+                ));
+            }
+        }
+        let per_channel = shape.size() / c.max(1);
+        if training && per_channel <= 1 && shape.size() > 0 {
+            return Err(NdError::invalid(
+                OP,
+                format!(
+                    "expected more than 1 value per channel when training, got input shape {shape}"
+                ),
+            ));
+        }
+        let red: SmallVec<[bool; 4]> = (0..dims.len()).map(|d| d != 1).collect();
+        let given = (!training).then(|| {
+            let read = |o: &Operand<'_>| -> Vec<f64> {
+                dispatch_float!(o.dtype, T => cpu::to_vec::<T>(o).iter().map(|v| v.to_f64()).collect(), else Vec::new())
+            };
+            (read(rm), read(rv))
+        });
+        let mut stats_dims = Dims::from_elem(1, dims.len());
+        stats_dims[1] = c;
+        let (buf, mean, var) = dispatch_float!(a.dtype, T => {
+            let (one, zero) = ([T::ONE], [T::ZERO]);
+            let gm = go.map_or_else(|| Affine::constant(&one, dims.len()), |p| Affine::of(p.into(), &shape, true));
+            let bt = bo.map_or_else(|| Affine::constant(&zero, dims.len()), |p| Affine::of(p.into(), &shape, true));
+            normalize_kernel::<T>(a.into(), &red, &gm, &bt, eps, given)?
+        }, else return Err(engine::unsupported(OP, a)));
+        let rstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+        let (mb, rb) = dispatch_float!(a.dtype, T => (buffer_of::<T>(&mean)?, buffer_of::<T>(&rstd)?),
+            else unreachable!("checked above"));
+        saved = Some((mb, rb, Shape(stats_dims), a.dtype, mean, var, per_channel));
+        Ok(Output::New {
+            buf,
+            shape,
+            dtype: a.dtype,
+        })
+    })?;
+    let Some((mb, rb, stats_shape, dtype, mean, var, count)) = saved else {
+        unreachable!("set by the op");
+    };
+    if training && count > 1 {
+        // PyTorch's rule: running = (1 - momentum) * running + momentum * batch, with the
+        // unbiased batch variance for running_var.
+        let unbias = count as f64 / (count - 1) as f64;
+        let update = |target: NDArray, batch: &[f64], scale: f64| {
+            engine::run_inplace(target.id, &[], |mut t, _| {
+                dispatch_float!(t.dtype, T => {
+                    update_running::<T>((&mut t).into(), batch, momentum, scale)
+                }, else unreachable!("checked by the op"));
+                Ok(())
+            })
+        };
+        if let Err(e) =
+            update(running_mean, &mean, 1.0).and_then(|_| update(running_var, &var, unbias))
+        {
+            engine::close_array(id, at);
+            return Err(e);
+        }
+    }
+    let mut rec: SmallVec<[ArrayId; 3]> = smallvec![x.id];
+    rec.extend(gamma.map(|a| a.id));
+    rec.extend(beta.map(|a| a.id));
+    let ndim = stats_shape.ndim();
+    autograd::record_custom(&rec, id, || NormRule {
+        op: OP,
+        axes: (0..ndim as isize).filter(|&d| d != 1).collect(),
+        channel: {
+            let mut d = Dims::from_elem(1, ndim - 1);
+            d[0] = stats_shape.dims()[1];
+            Some(Shape(d))
+        },
+        batch_stats: training,
+        has_gamma: gamma.is_some(),
+        has_beta: beta.is_some(),
+        mean: Saved::new(id, mb, stats_shape.clone(), dtype),
+        rstd: Saved::new(id, rb, stats_shape, dtype),
+    });
+    Ok(NDArray { id })
+}
+
+impl NDArray {
+    /// Layer normalisation over `axes` (negative counts from the end): every group of
+    /// elements that agree on the other axes becomes `(x - mean) / sqrt(var + eps)`,
+    /// with the group's mean and biased variance as PyTorch's `layer_norm`, then
+    /// `* gamma + beta` where given. `gamma` and `beta` broadcast to `x`'s shape (PyTorch's
+    /// `normalized_shape` is the trailing axes, e.g. `axes = [-1]` with gamma `[D]`; for
+    /// other axes give them 1s on the kept axes, e.g. `[C, 1]`). Differentiable in `x`,
+    /// `gamma` and `beta`. F32/F64 only. Panics on failure.
+    ///
+    /// ```
+    /// use ndscope::NDManager;
+    /// let m = NDManager::new();
+    /// let x = m.create(&[1.0f64, 2.0, 3.0, 5.0, 5.0, 5.0], [2, 3]);
+    /// let y = x.layer_norm(&[-1], None, None, 1e-5).to_vec::<f64>()?;
+    /// let r = 1.0 / (2.0f64 / 3.0 + 1e-5).sqrt();   // 1 / sqrt(var + eps) of [1, 2, 3]
+    /// assert!((y[0] + r).abs() < 1e-12 && y[1].abs() < 1e-12 && (y[2] - r).abs() < 1e-12);
+    /// assert_eq!(&y[3..], &[0.0, 0.0, 0.0]);       // a constant row
+    /// # m.close();
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn layer_norm(
+        self,
+        axes: &[isize],
+        gamma: Option<NDArray>,
+        beta: Option<NDArray>,
+        eps: f64,
+    ) -> NDArray {
+        unwrap(layer_norm_impl(
+            self,
+            axes,
+            gamma,
+            beta,
+            eps,
+            Location::caller(),
+        ))
+    }
+
+    /// [`NDArray::layer_norm`]. Errors: `UnsupportedDType` (not F32/F64),
+    /// `DTypeMismatch`, `AxisOutOfRange`, `InvalidArgument` (no axes, a repeated axis,
+    /// a negative or NaN `eps`), `ShapeMismatch` (gamma or beta does not broadcast to
+    /// `x`'s shape), `Closed`.
+    #[track_caller]
+    pub fn try_layer_norm(
+        self,
+        axes: &[isize],
+        gamma: Option<NDArray>,
+        beta: Option<NDArray>,
+        eps: f64,
+    ) -> Result<NDArray> {
+        layer_norm_impl(self, axes, gamma, beta, eps, Location::caller())
+    }
+
+    /// Batch normalisation of `[N, C]` or `[N, C, ...]` (channels on axis 1), as
+    /// PyTorch's `batch_norm`. Training: each channel is normalised with the batch's
+    /// mean and biased variance (over every axis but 1), and the running statistics
+    /// `[C]` are updated **in place**: `running = (1 - momentum) * running + momentum *
+    /// batch`, with the unbiased batch variance for `running_var`. Inference: the
+    /// running statistics normalise and are left unchanged. Then `* gamma + beta`
+    /// (`[C]` each) where given. Differentiable in `x`, `gamma` and `beta` (the running
+    /// statistics get no gradient). F32/F64 only. Panics on failure.
+    ///
+    /// ```
+    /// use ndscope::{DType, NDManager};
+    /// let m = NDManager::new();
+    /// let x = m.create(&[1.0f64, 10.0, 3.0, 30.0], [2, 2]);   // 2 samples, 2 channels
+    /// let (rm, rv) = (m.zeros([2], DType::F64), m.ones([2], DType::F64));
+    /// let y = x.batch_norm(rm, rv, None, None, true, 0.1, 0.0);
+    /// let close = |a: Vec<f64>, b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-12);
+    /// assert!(close(y.to_vec::<f64>()?, &[-1.0, -1.0, 1.0, 1.0]));
+    /// assert!(close(rm.to_vec::<f64>()?, &[0.2, 2.0]));    // 0.9 * 0 + 0.1 * batch mean
+    /// // 0.9 * 1 + 0.1 * unbiased batch variance (2 and 200)
+    /// assert!(close(rv.to_vec::<f64>()?, &[1.1, 20.9]));
+    /// # m.close();
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm(
+        self,
+        running_mean: NDArray,
+        running_var: NDArray,
+        gamma: Option<NDArray>,
+        beta: Option<NDArray>,
+        training: bool,
+        momentum: f64,
+        eps: f64,
+    ) -> NDArray {
+        unwrap(batch_norm_impl(
+            self,
+            running_mean,
+            running_var,
+            gamma,
+            beta,
+            training,
+            momentum,
+            eps,
+            Location::caller(),
+        ))
+    }
+
+    /// [`NDArray::batch_norm`]. Errors: `UnsupportedDType` (not F32/F64),
+    /// `DTypeMismatch`, `InvalidArgument` (fewer than 2 axes, statistics or gamma/beta
+    /// not `[C]`, one value per channel in training, a negative or NaN `eps`, a
+    /// non-finite momentum, running statistics the recording tape depends on), `Closed`.
+    /// On error nothing is updated.
+    #[track_caller]
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_batch_norm(
+        self,
+        running_mean: NDArray,
+        running_var: NDArray,
+        gamma: Option<NDArray>,
+        beta: Option<NDArray>,
+        training: bool,
+        momentum: f64,
+        eps: f64,
+    ) -> Result<NDArray> {
+        batch_norm_impl(
+            self,
+            running_mean,
+            running_var,
+            gamma,
+            beta,
+            training,
+            momentum,
+            eps,
+            Location::caller(),
+        )
+    }
+}

@@ -1,0 +1,83 @@
+//! `softmax` and `log_softmax`: one fused, stable pass along an axis, and the
+//! gradient rule that needs only the output.
+
+use crate::array::NDArray;
+use crate::array::reduce::normalize_axis;
+use crate::autograd::{self, Backward, BackwardCtx, Grads};
+use crate::backend::cpu::nn::softmax_kernel;
+use crate::dtype::dispatch_float;
+use crate::engine::{self, Output};
+use crate::error::{Result, SourceLocation, unwrap};
+use smallvec::smallvec;
+use std::panic::Location;
+
+fn softmax_impl(x: NDArray, axis: isize, log: bool, at: SourceLocation) -> Result<NDArray> {
+    let name = if log { "log_softmax" } else { "softmax" };
+    let id = engine::run_op(name, &[x.id], at, |o| {
+        let a = &o[0];
+        let axis = normalize_axis(name, a, axis)?;
+        let buf = dispatch_float!(a.dtype, T => softmax_kernel::<T>(a.into(), axis, log)?,
+            else return Err(engine::unsupported(name, a)));
+        Ok(Output::New {
+            buf,
+            shape: a.shape().clone(),
+            dtype: a.dtype,
+        })
+    })?;
+    autograd::record_custom(&[x.id], id, || SoftmaxRule { axis, log });
+    Ok(NDArray { id })
+}
+
+/// `softmax`/`log_softmax`'s gradient, from the output `y` alone:
+/// softmax `y * (g - sum(g * y))`, log-softmax `g - exp(y) * sum(g)` (sums along `axis`).
+struct SoftmaxRule {
+    axis: isize,
+    log: bool,
+}
+
+impl Backward for SoftmaxRule {
+    fn name(&self) -> &'static str {
+        if self.log { "log_softmax" } else { "softmax" }
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0, true)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let (y, axes) = (cx.output, [self.axis]);
+        Ok(smallvec![Some(if self.log {
+            g.try_sub(y.try_exp()?.try_mul(g.try_sum_axes(&axes, true)?)?)?
+        } else {
+            y.try_mul(g.try_sub(g.try_mul(y)?.try_sum_axes(&axes, true)?)?)?
+        })])
+    }
+}
+
+impl NDArray {
+    /// Softmax along `axis` (negative counts from the end): `exp(x - max) / sum(exp(x -
+    /// max))`, stable for large inputs. Float dtypes only. Panics on failure.
+    #[track_caller]
+    pub fn softmax(self, axis: isize) -> NDArray {
+        unwrap(softmax_impl(self, axis, false, Location::caller()))
+    }
+
+    /// [`NDArray::softmax`]. Errors: `UnsupportedDType` (not a float), `AxisOutOfRange`,
+    /// `Closed`.
+    #[track_caller]
+    pub fn try_softmax(self, axis: isize) -> Result<NDArray> {
+        softmax_impl(self, axis, false, Location::caller())
+    }
+
+    /// Log-softmax along `axis`: `x - max - ln(sum(exp(x - max)))`, finite for large
+    /// inputs. Float dtypes only. Panics on failure.
+    #[track_caller]
+    pub fn log_softmax(self, axis: isize) -> NDArray {
+        unwrap(softmax_impl(self, axis, true, Location::caller()))
+    }
+
+    /// [`NDArray::log_softmax`]. Errors: `UnsupportedDType` (not a float),
+    /// `AxisOutOfRange`, `Closed`.
+    #[track_caller]
+    pub fn try_log_softmax(self, axis: isize) -> Result<NDArray> {
+        softmax_impl(self, axis, true, Location::caller())
+    }
+}

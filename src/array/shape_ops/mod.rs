@@ -1,0 +1,656 @@
+//! Shape ops: reshape, transpose/permute, expand_dims/squeeze, flatten, broadcast_to,
+//! concat/stack and dtype conversion here; split, repeat, tile, pad, swap_axes, flip,
+//! tril/triu and the `*_like` constructors in `rearrange.rs`. The copy loops are in
+//! [`crate::backend::cpu::copy`].
+//!
+//! Ops that only reinterpret the layout (reshape of a contiguous array, transpose,
+//! permute, expand_dims, squeeze) return views sharing the input's storage, as numpy
+//! does. Ops that need new data (`broadcast_to`, `concat`, `stack`, `to_dtype`, and a
+//! reshape of a non-contiguous array) copy into a new contiguous buffer.
+
+mod rearrange;
+
+use super::NDArray;
+use super::axis::normalize_axis;
+use crate::autograd::{self, Rule};
+use crate::backend::cpu;
+use crate::backend::cpu::copy::copy_strided;
+use crate::backend::cpu::new_filled;
+use crate::dtype::{Native, dispatch};
+use crate::engine::{self, Layout, Operand, Output};
+use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::layout::Strides;
+use crate::shape::Dims;
+use crate::{DType, Shape};
+use std::panic::Location;
+
+/// A view of input 0 with `layout`, or a contiguous copy reshaped to `shape` when the
+/// input is not contiguous.
+fn reshape_output(o: &Operand<'_>, shape: Shape) -> Result<Output> {
+    if o.layout.is_contiguous() {
+        return Ok(Output::View {
+            of: 0,
+            layout: Layout {
+                strides: shape.contiguous_strides(),
+                shape,
+                offset: o.layout.offset,
+            },
+        });
+    }
+    let (buf, _) = engine::materialize(o)?;
+    Ok(Output::New {
+        buf,
+        shape,
+        dtype: o.dtype,
+    })
+}
+
+fn reshape(x: NDArray, shape: Shape, at: SourceLocation) -> Result<NDArray> {
+    let id = engine::run_op("reshape", &[x.id], at, |o| {
+        let o = &o[0];
+        let Some(n) = shape.checked_size() else {
+            return Err(NdError::shape(
+                "reshape",
+                format!("{shape} has more elements than usize can count"),
+            ));
+        };
+        if n != o.layout.size() {
+            return Err(NdError::shape(
+                "reshape",
+                format!(
+                    "cannot reshape {} ({} elements) into {shape} ({n} elements)",
+                    o.shape(),
+                    o.layout.size()
+                ),
+            ));
+        }
+        reshape_output(o, shape)
+    })?;
+    autograd::record(&[x.id], id, || Rule::Reshape);
+    Ok(NDArray { id })
+}
+
+fn reshape_infer(x: NDArray, dims: &[isize], at: SourceLocation) -> Result<NDArray> {
+    let size = x.try_shape()?.size();
+    let mut unknown = None;
+    let mut known = 1usize;
+    let mut out = Dims::with_capacity(dims.len());
+    for (i, &d) in dims.iter().enumerate() {
+        if d == -1 {
+            if unknown.replace(i).is_some() {
+                return Err(NdError::shape("reshape", "only one dimension can be -1"));
+            }
+            out.push(1);
+        } else if d < 0 {
+            return Err(NdError::shape(
+                "reshape",
+                format!("invalid dimension {d} (only -1 may be negative)"),
+            ));
+        } else {
+            known = known.checked_mul(d as usize).ok_or_else(|| {
+                NdError::shape("reshape", format!("{dims:?} overflows the element count"))
+            })?;
+            out.push(d as usize);
+        }
+    }
+    if let Some(i) = unknown {
+        if known == 0 || size % known != 0 {
+            return Err(NdError::shape(
+                "reshape",
+                format!("cannot infer the -1 dimension of {dims:?} for {size} elements"),
+            ));
+        }
+        out[i] = size / known;
+    }
+    reshape(x, Shape(out), at)
+}
+
+/// A view of input 0 with its axes in the order `perm` (already validated).
+fn permuted(l: &Layout, perm: &[usize]) -> Layout {
+    Layout {
+        shape: Shape(perm.iter().map(|&p| l.shape.0[p]).collect()),
+        strides: perm.iter().map(|&p| l.strides[p]).collect(),
+        offset: l.offset,
+    }
+}
+
+fn permute(x: NDArray, axes: Option<&[usize]>, at: SourceLocation) -> Result<NDArray> {
+    let id = engine::run_op("permute", &[x.id], at, |o| {
+        let o = &o[0];
+        let nd = o.layout.shape.ndim();
+        let perm: Dims = match axes {
+            None => (0..nd).rev().collect(),
+            Some(axes) => {
+                if axes.len() != nd {
+                    return Err(NdError::invalid(
+                        "permute",
+                        format!("{} axes given for a {nd}-d array {}", axes.len(), o.desc()),
+                    ));
+                }
+                let mut seen = Dims::from_elem(0, nd);
+                for &a in axes {
+                    if a >= nd {
+                        return Err(NdError::AxisOutOfRange {
+                            op: "permute",
+                            axis: a as isize,
+                            array: o.desc(),
+                        });
+                    }
+                    seen[a] += 1;
+                    if seen[a] > 1 {
+                        return Err(NdError::invalid(
+                            "permute",
+                            format!("axis {a} repeated in {axes:?}"),
+                        ));
+                    }
+                }
+                Dims::from_slice(axes)
+            }
+        };
+        Ok(Output::View {
+            of: 0,
+            layout: permuted(o.layout, &perm),
+        })
+    })?;
+    autograd::record(&[x.id], id, || Rule::Permute(axes.map(Dims::from_slice)));
+    Ok(NDArray { id })
+}
+
+fn expand_dims(x: NDArray, axis: isize, at: SourceLocation) -> Result<NDArray> {
+    let id = engine::run_op("expand_dims", &[x.id], at, |o| {
+        let o = &o[0];
+        let l = o.layout;
+        let nd = l.shape.ndim();
+        let ax = normalize_axis("expand_dims", axis, nd + 1, o)?;
+        // The stride of a size-1 axis is never used; pick the contiguous one.
+        let stride = if ax < nd {
+            l.strides[ax] * l.shape.0[ax] as isize
+        } else {
+            1
+        };
+        let mut shape = l.shape.0.clone();
+        let mut strides = l.strides.clone();
+        shape.insert(ax, 1);
+        strides.insert(ax, stride);
+        Ok(Output::View {
+            of: 0,
+            layout: Layout {
+                shape: Shape(shape),
+                strides,
+                offset: l.offset,
+            },
+        })
+    })?;
+    autograd::record(&[x.id], id, || Rule::Reshape);
+    Ok(NDArray { id })
+}
+
+fn squeeze(x: NDArray, axis: Option<isize>, at: SourceLocation) -> Result<NDArray> {
+    let id = engine::run_op("squeeze", &[x.id], at, |o| {
+        let o = &o[0];
+        let l = o.layout;
+        let keep: Dims = match axis {
+            None => (0..l.shape.ndim()).filter(|&d| l.shape.0[d] != 1).collect(),
+            Some(axis) => {
+                let ax = normalize_axis("squeeze", axis, l.shape.ndim(), o)?;
+                if l.shape.0[ax] != 1 {
+                    return Err(NdError::shape(
+                        "squeeze",
+                        format!(
+                            "axis {axis} of {} has size {}, not 1",
+                            o.desc(),
+                            l.shape.0[ax]
+                        ),
+                    ));
+                }
+                (0..l.shape.ndim()).filter(|&d| d != ax).collect()
+            }
+        };
+        Ok(Output::View {
+            of: 0,
+            layout: permuted(l, &keep),
+        })
+    })?;
+    autograd::record(&[x.id], id, || Rule::Reshape);
+    Ok(NDArray { id })
+}
+
+fn broadcast_to(x: NDArray, shape: Shape, at: SourceLocation) -> Result<NDArray> {
+    let id = engine::run_op("broadcast_to", &[x.id], at, |o| {
+        let o = &o[0];
+        if shape.checked_size().is_none()
+            || Shape::broadcast(o.shape(), &shape).as_ref() != Some(&shape)
+        {
+            return Err(NdError::shape(
+                "broadcast_to",
+                format!("cannot broadcast {} to {shape}", o.desc()),
+            ));
+        }
+        let strides = shape.contiguous_strides();
+        let buf = dispatch!(o.dtype, T => new_filled::<T>(shape.size(), |out| {
+            copy_strided::<T>(out, &strides, 0, o.into(), &shape)
+        }))?;
+        Ok(Output::New {
+            buf,
+            shape,
+            dtype: o.dtype,
+        })
+    })?;
+    autograd::record(&[x.id], id, || Rule::BroadcastTo);
+    Ok(NDArray { id })
+}
+
+/// Checks shared by concat and stack: one dtype (the list is not empty).
+fn same_dtypes(op: &'static str, ops: &[Operand<'_>]) -> Result<()> {
+    for b in &ops[1..] {
+        super::ops::same_dtype(op, &ops[0], b)?;
+    }
+    Ok(())
+}
+
+/// Copy every operand into a new buffer of `shape`; operand `i` goes at
+/// `bases[i]` with `dst_strides` (the output strides seen from the operand's axes).
+fn gather(
+    ops: &[Operand<'_>],
+    shape: &Shape,
+    dst_strides: &Strides,
+    bases: &[usize],
+) -> Result<Output> {
+    let dtype = ops[0].dtype;
+    let buf = dispatch!(dtype, T => new_filled::<T>(shape.size(), |out| {
+        for (o, &base) in ops.iter().zip(bases) {
+            copy_strided::<T>(out, dst_strides, base, o.into(), o.shape());
+        }
+    }))?;
+    Ok(Output::New {
+        buf,
+        shape: shape.clone(),
+        dtype,
+    })
+}
+
+fn concat(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray> {
+    if arrays.is_empty() {
+        return Err(NdError::invalid("concat", "needs at least one array"));
+    }
+    let ids: Vec<_> = arrays.iter().map(|a| a.id).collect();
+    let id = engine::run_op("concat", &ids, at, |ops| {
+        same_dtypes("concat", ops)?;
+        let first = &ops[0];
+        let nd = first.shape().ndim();
+        if nd == 0 {
+            return Err(NdError::shape(
+                "concat",
+                format!("cannot concatenate 0-d arrays ({})", first.desc()),
+            ));
+        }
+        let ax = normalize_axis("concat", axis, nd, first)?;
+        let mut dims = first.shape().0.clone();
+        dims[ax] = 0;
+        for (i, b) in ops.iter().enumerate() {
+            let bd = b.shape().dims();
+            let compatible =
+                bd.len() == nd && (0..nd).all(|d| d == ax || bd[d] == first.shape().0[d]);
+            if !compatible {
+                return Err(NdError::shape(
+                    "concat",
+                    format!(
+                        "array {i} has shape {} but array 0 has {}; along axis {ax} only that axis may differ",
+                        b.shape(),
+                        first.shape()
+                    ),
+                ));
+            }
+            dims[ax] = dims[ax].checked_add(bd[ax]).ok_or_else(|| {
+                NdError::shape(
+                    "concat",
+                    "the result has more elements than usize can count",
+                )
+            })?;
+        }
+        let shape = Shape(dims);
+        if shape.checked_size().is_none() {
+            return Err(NdError::shape("concat", format!("{shape} is too large")));
+        }
+        let strides = shape.contiguous_strides();
+        let mut bases = Vec::with_capacity(ops.len());
+        let mut at_axis = 0usize;
+        for b in ops {
+            bases.push(at_axis * strides[ax] as usize);
+            at_axis += b.shape().0[ax];
+        }
+        gather(ops, &shape, &strides, &bases)
+    })?;
+    autograd::record(&ids, id, || Rule::Concat { axis, stack: false });
+    Ok(NDArray { id })
+}
+
+fn stack(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray> {
+    if arrays.is_empty() {
+        return Err(NdError::invalid("stack", "needs at least one array"));
+    }
+    let ids: Vec<_> = arrays.iter().map(|a| a.id).collect();
+    let id = engine::run_op("stack", &ids, at, |ops| {
+        same_dtypes("stack", ops)?;
+        let first = &ops[0];
+        for (i, b) in ops.iter().enumerate() {
+            if b.shape() != first.shape() {
+                return Err(NdError::shape(
+                    "stack",
+                    format!(
+                        "array {i} has shape {} but array 0 has {}; all must be equal",
+                        b.shape(),
+                        first.shape()
+                    ),
+                ));
+            }
+        }
+        let nd = first.shape().ndim();
+        let ax = normalize_axis("stack", axis, nd + 1, first)?;
+        let mut dims = first.shape().0.clone();
+        dims.insert(ax, ops.len());
+        let shape = Shape(dims);
+        if shape.checked_size().is_none() {
+            return Err(NdError::shape("stack", format!("{shape} is too large")));
+        }
+        let mut strides = shape.contiguous_strides();
+        let step = strides.remove(ax) as usize;
+        let bases: Vec<usize> = (0..ops.len()).map(|i| i * step).collect();
+        gather(ops, &shape, &strides, &bases)
+    })?;
+    autograd::record(&ids, id, || Rule::Concat { axis, stack: true });
+    Ok(NDArray { id })
+}
+
+fn to_dtype(x: NDArray, dtype: DType, at: SourceLocation) -> Result<NDArray> {
+    let id = engine::run_op("to_dtype", &[x.id], at, |o| {
+        let o = &o[0];
+        Ok(Output::New {
+            buf: cast(o, dtype)?,
+            shape: o.shape().clone(),
+            dtype,
+        })
+    })?;
+    autograd::record(&[x.id], id, || Rule::ToDType);
+    Ok(NDArray { id })
+}
+
+impl NDArray {
+    /// The same elements with another shape of the same size (numpy's `reshape`).
+    ///
+    /// A view sharing storage when the array is contiguous; otherwise (e.g. after
+    /// `transpose`) a contiguous copy. Panics on error (see [`NDArray::try_reshape`]).
+    ///
+    /// ```
+    /// use ndscope::NDManager;
+    /// let m = NDManager::new();
+    /// let a = m.create(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3]);
+    /// let b = a.reshape([3, 2]);
+    /// assert_eq!(b.shape().dims(), &[3, 2]);
+    /// assert_eq!(b.to_vec::<f32>()?, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    /// assert_eq!(m.memory().live_buffers, 1); // b is a view of a
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn reshape(self, shape: impl Into<Shape>) -> NDArray {
+        unwrap(reshape(self, shape.into(), Location::caller()))
+    }
+
+    /// [`NDArray::reshape`]. Errors: `InvalidShape` when the element counts differ,
+    /// `Closed`, `ManagerClosed`/`ManagerCapped`.
+    #[track_caller]
+    pub fn try_reshape(self, shape: impl Into<Shape>) -> Result<NDArray> {
+        reshape(self, shape.into(), Location::caller())
+    }
+
+    /// Reshape where one dimension may be `-1`, inferred from the element count
+    /// (numpy's `reshape(-1, 2)`). Panics on error.
+    ///
+    /// ```
+    /// use ndscope::{DType, NDManager};
+    /// let m = NDManager::new();
+    /// let a = m.arange(0.0, 6.0, 1.0, DType::F32);
+    /// assert_eq!(a.reshape_infer(&[-1, 2]).shape().dims(), &[3, 2]);
+    /// ```
+    #[track_caller]
+    pub fn reshape_infer(self, dims: &[isize]) -> NDArray {
+        unwrap(reshape_infer(self, dims, Location::caller()))
+    }
+
+    /// [`NDArray::reshape_infer`]. Errors: `InvalidShape` (more than one `-1`, other
+    /// negative dims, element counts that do not divide), `Closed`.
+    #[track_caller]
+    pub fn try_reshape_infer(self, dims: &[isize]) -> Result<NDArray> {
+        reshape_infer(self, dims, Location::caller())
+    }
+
+    /// A 1-D view (or copy, when not contiguous) of all elements in row-major order.
+    /// Panics on error.
+    #[track_caller]
+    pub fn flatten(self) -> NDArray {
+        unwrap(self.try_flatten_at(Location::caller()))
+    }
+
+    /// [`NDArray::flatten`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+    #[track_caller]
+    pub fn try_flatten(self) -> Result<NDArray> {
+        self.try_flatten_at(Location::caller())
+    }
+
+    fn try_flatten_at(self, at: SourceLocation) -> Result<NDArray> {
+        reshape(self, Shape::from([self.try_shape()?.size()]), at)
+    }
+
+    /// A view with the axes reversed (a matrix transpose for 2-D arrays). Panics on
+    /// error.
+    ///
+    /// ```
+    /// use ndscope::NDManager;
+    /// let m = NDManager::new();
+    /// let a = m.create(&[1, 2, 3, 4, 5, 6], [2, 3]);
+    /// let t = a.transpose();
+    /// assert_eq!(t.shape().dims(), &[3, 2]);
+    /// assert_eq!(t.to_vec::<i32>()?, vec![1, 4, 2, 5, 3, 6]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn transpose(self) -> NDArray {
+        unwrap(permute(self, None, Location::caller()))
+    }
+
+    /// [`NDArray::transpose`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+    #[track_caller]
+    pub fn try_transpose(self) -> Result<NDArray> {
+        permute(self, None, Location::caller())
+    }
+
+    /// A view with axis `i` of the result being axis `axes[i]` of `self` (numpy's
+    /// `transpose(axes)`). Panics on error.
+    ///
+    /// ```
+    /// use ndscope::{DType, NDManager};
+    /// let m = NDManager::new();
+    /// let a = m.zeros([2, 3, 4], DType::F32);
+    /// assert_eq!(a.permute(&[2, 0, 1]).shape().dims(), &[4, 2, 3]);
+    /// ```
+    #[track_caller]
+    pub fn permute(self, axes: &[usize]) -> NDArray {
+        unwrap(permute(self, Some(axes), Location::caller()))
+    }
+
+    /// [`NDArray::permute`]. Errors: `InvalidArgument` (wrong number of axes, repeated
+    /// axis), `AxisOutOfRange`, `Closed`.
+    #[track_caller]
+    pub fn try_permute(self, axes: &[usize]) -> Result<NDArray> {
+        permute(self, Some(axes), Location::caller())
+    }
+
+    /// A view with a new size-1 axis at position `axis` of the result (negative counts
+    /// from the end: `-1` appends). Panics on error.
+    ///
+    /// ```
+    /// use ndscope::{DType, NDManager};
+    /// let m = NDManager::new();
+    /// let a = m.zeros([2, 3], DType::F32);
+    /// assert_eq!(a.expand_dims(0).shape().dims(), &[1, 2, 3]);
+    /// assert_eq!(a.expand_dims(-1).shape().dims(), &[2, 3, 1]);
+    /// ```
+    #[track_caller]
+    pub fn expand_dims(self, axis: isize) -> NDArray {
+        unwrap(expand_dims(self, axis, Location::caller()))
+    }
+
+    /// [`NDArray::expand_dims`]. Errors: `AxisOutOfRange` (outside
+    /// `-(ndim+1)..=ndim`), `Closed`.
+    #[track_caller]
+    pub fn try_expand_dims(self, axis: isize) -> Result<NDArray> {
+        expand_dims(self, axis, Location::caller())
+    }
+
+    /// A view without its size-1 axes. Panics on error.
+    ///
+    /// ```
+    /// use ndscope::{DType, NDManager};
+    /// let m = NDManager::new();
+    /// let a = m.zeros([1, 3, 1], DType::F32);
+    /// assert_eq!(a.squeeze().shape().dims(), &[3]);
+    /// assert_eq!(a.squeeze_axis(-1).shape().dims(), &[1, 3]);
+    /// ```
+    #[track_caller]
+    pub fn squeeze(self) -> NDArray {
+        unwrap(squeeze(self, None, Location::caller()))
+    }
+
+    /// [`NDArray::squeeze`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+    #[track_caller]
+    pub fn try_squeeze(self) -> Result<NDArray> {
+        squeeze(self, None, Location::caller())
+    }
+
+    /// A view without axis `axis` (negative counts from the end), which must have
+    /// size 1. Panics on error.
+    #[track_caller]
+    pub fn squeeze_axis(self, axis: isize) -> NDArray {
+        unwrap(squeeze(self, Some(axis), Location::caller()))
+    }
+
+    /// [`NDArray::squeeze_axis`]. Errors: `AxisOutOfRange`, `InvalidShape` (the axis
+    /// is not of size 1), `Closed`.
+    #[track_caller]
+    pub fn try_squeeze_axis(self, axis: isize) -> Result<NDArray> {
+        squeeze(self, Some(axis), Location::caller())
+    }
+
+    /// A new array of `shape` holding `self` broadcast with numpy's rules.
+    ///
+    /// Unlike numpy this copies: a stride-0 view would make in-place writes through it
+    /// write one element many times, so ndscope never creates one. Panics on error.
+    ///
+    /// ```
+    /// use ndscope::NDManager;
+    /// let m = NDManager::new();
+    /// let a = m.create(&[1, 2, 3], [3]);
+    /// let b = a.broadcast_to([2, 3]);
+    /// assert_eq!(b.to_vec::<i32>()?, vec![1, 2, 3, 1, 2, 3]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn broadcast_to(self, shape: impl Into<Shape>) -> NDArray {
+        unwrap(broadcast_to(self, shape.into(), Location::caller()))
+    }
+
+    /// [`NDArray::broadcast_to`]. Errors: `InvalidShape` when `self` does not broadcast
+    /// to `shape`, `Closed`, `OutOfMemory`.
+    #[track_caller]
+    pub fn try_broadcast_to(self, shape: impl Into<Shape>) -> Result<NDArray> {
+        broadcast_to(self, shape.into(), Location::caller())
+    }
+
+    /// Join arrays along an existing axis (negative counts from the end) into a new
+    /// array owned by the first array's manager. Panics on error.
+    ///
+    /// ```
+    /// use ndscope::{NDArray, NDManager};
+    /// let m = NDManager::new();
+    /// let a = m.create(&[1, 2, 3, 4], [2, 2]);
+    /// let b = m.create(&[5, 6], [2, 1]);
+    /// let c = NDArray::concat(&[a, b], 1);
+    /// assert_eq!(c.shape().dims(), &[2, 3]);
+    /// assert_eq!(c.to_vec::<i32>()?, vec![1, 2, 5, 3, 4, 6]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn concat(arrays: &[NDArray], axis: isize) -> NDArray {
+        unwrap(concat(arrays, axis, Location::caller()))
+    }
+
+    /// [`NDArray::concat`]. Errors: `InvalidArgument` (empty list), `DTypeMismatch`,
+    /// `InvalidShape` (0-d inputs, or shapes differing off `axis`), `AxisOutOfRange`,
+    /// `Closed`.
+    #[track_caller]
+    pub fn try_concat(arrays: &[NDArray], axis: isize) -> Result<NDArray> {
+        concat(arrays, axis, Location::caller())
+    }
+
+    /// Join arrays of one shape along a new axis at position `axis` of the result
+    /// (negative counts from the end) into a new array owned by the first array's
+    /// manager. Panics on error.
+    ///
+    /// ```
+    /// use ndscope::{NDArray, NDManager};
+    /// let m = NDManager::new();
+    /// let a = m.create(&[1, 2], [2]);
+    /// let b = m.create(&[3, 4], [2]);
+    /// assert_eq!(NDArray::stack(&[a, b], 0).to_vec::<i32>()?, vec![1, 2, 3, 4]);
+    /// assert_eq!(NDArray::stack(&[a, b], 1).to_vec::<i32>()?, vec![1, 3, 2, 4]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn stack(arrays: &[NDArray], axis: isize) -> NDArray {
+        unwrap(stack(arrays, axis, Location::caller()))
+    }
+
+    /// [`NDArray::stack`]. Errors: `InvalidArgument` (empty list), `DTypeMismatch`,
+    /// `InvalidShape` (shapes differ), `AxisOutOfRange`, `Closed`.
+    #[track_caller]
+    pub fn try_stack(arrays: &[NDArray], axis: isize) -> Result<NDArray> {
+        stack(arrays, axis, Location::caller())
+    }
+
+    /// A new array with the elements converted to `dtype` (floats to integers truncate
+    /// toward zero; anything to `Bool` is `x != 0`). Always copies. Panics on error.
+    ///
+    /// ```
+    /// use ndscope::{DType, NDManager};
+    /// let m = NDManager::new();
+    /// let a = m.create(&[1.7f32, -2.5, 0.0], [3]);
+    /// assert_eq!(a.to_dtype(DType::I32).to_vec::<i32>()?, vec![1, -2, 0]);
+    /// assert_eq!(a.to_dtype(DType::Bool).to_vec::<bool>()?, vec![true, true, false]);
+    /// # Ok::<(), ndscope::NdError>(())
+    /// ```
+    #[track_caller]
+    pub fn to_dtype(self, dtype: DType) -> NDArray {
+        unwrap(to_dtype(self, dtype, Location::caller()))
+    }
+
+    /// [`NDArray::to_dtype`]. Errors: `Closed`, `OutOfMemory`,
+    /// `ManagerClosed`/`ManagerCapped`.
+    #[track_caller]
+    pub fn try_to_dtype(self, dtype: DType) -> Result<NDArray> {
+        to_dtype(self, dtype, Location::caller())
+    }
+}
+
+/// Convert between dtypes (through f64 for floats, i64 for integers).
+fn cast(o: &Operand<'_>, to: DType) -> Result<cpu::Buffer> {
+    let to_bool = to == DType::Bool;
+    dispatch!(o.dtype, S => dispatch!(to, D => {
+        if to_bool {
+            cpu::map_unary::<S, D>(o, |x| D::from_i64((x != S::ZERO) as i64))
+        } else if o.dtype.is_float() {
+            cpu::map_unary::<S, D>(o, |x| D::from_f64(x.to_f64()))
+        } else {
+            cpu::map_unary::<S, D>(o, |x| D::from_i64(x.to_i64()))
+        }
+    }))
+}

@@ -1,0 +1,358 @@
+//! Convolution kernels: im2col and its adjoint col2im, and `conv2d`'s forward pass and
+//! its two gradients (input: col2im of `Wᵀ·G`; weight: `G·colᵀ`), each a gemm per group
+//! over chunks of samples. The input is read through its strides (a transposed or sliced
+//! view is not copied first).
+
+use super::buffer::{Buffer, new_filled, new_overwritten};
+use super::elementwise::to_vec;
+use super::fork::{fork, may_fork};
+use super::matmul::matmul_2d;
+use super::strided::{Mat, Strided};
+use super::window::{Geom, PARALLEL_WORK, nchw_strides};
+use crate::dtype::Native;
+use crate::error::Result;
+use crate::layout::Layout;
+use rayon::prelude::*;
+
+/// Elements of one im2col buffer: the batch is processed in chunks of samples whose
+/// column matrix stays under this size (16 MiB of f32).
+const COL_LIMIT: usize = 1 << 22;
+
+/// The im2col matrix of samples `n0..n0+nb` and channels `c0..c0+cg` of `x`: row
+/// `(c*kh + ki)*kw + kj`, column `b*L + oy*ow + ox` holds the input element under kernel
+/// tap `(ki, kj)` of output position `(oy, ox)` of sample `b` (0 in the padding).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn im2col<T: Native>(
+    x: &[T],
+    l: &Layout,
+    g: &Geom,
+    n0: usize,
+    nb: usize,
+    c0: usize,
+    cg: usize,
+    col: &mut [T],
+) {
+    let (st, off) = nchw_strides(l);
+    let lsz = g.l();
+    let ncols = nb * lsz;
+    let rows = cg * g.kh * g.kw;
+    debug_assert!(col.len() >= rows * ncols);
+    if ncols == 0 || rows == 0 {
+        return;
+    }
+    let fill_row = |r: usize, dst: &mut [T]| {
+        let c = r / (g.kh * g.kw);
+        let ki = (r / g.kw) % g.kh;
+        let kj = r % g.kw;
+        let (ylo, yhi) = g.rows(ki);
+        let (xlo, xhi) = g.cols(kj);
+        for b in 0..nb {
+            let base = off + (n0 + b) as isize * st[0] + (c0 + c) as isize * st[1];
+            let d = &mut dst[b * lsz..(b + 1) * lsz];
+            for oy in 0..g.oh {
+                let drow = &mut d[oy * g.ow..(oy + 1) * g.ow];
+                if oy < ylo || oy >= yhi {
+                    drow.fill(T::ZERO);
+                    continue;
+                }
+                let iy = (oy * g.sh + ki * g.dh - g.ph) as isize;
+                drow[..xlo].fill(T::ZERO);
+                drow[xhi..].fill(T::ZERO);
+                let x0 = (xlo * g.sw + kj * g.dw - g.pw) as isize;
+                let start = base + iy * st[2] + x0 * st[3];
+                let step = g.sw as isize * st[3];
+                if step == 1 {
+                    let s = start as usize;
+                    drow[xlo..xhi].copy_from_slice(&x[s..s + (xhi - xlo)]);
+                } else {
+                    for (i, o) in drow[xlo..xhi].iter_mut().enumerate() {
+                        *o = x[(start + i as isize * step) as usize];
+                    }
+                }
+            }
+        }
+    };
+    let col = &mut col[..rows * ncols];
+    if rows * ncols >= PARALLEL_WORK && may_fork() {
+        fork(|| {
+            col.par_chunks_mut(ncols)
+                .enumerate()
+                .for_each(|(r, d)| fill_row(r, d))
+        });
+    } else {
+        col.chunks_mut(ncols)
+            .enumerate()
+            .for_each(|(r, d)| fill_row(r, d));
+    }
+}
+
+/// The adjoint of [`im2col`]: add column matrix `col` (samples `n0..n0+nb`, channels
+/// `c0..c0+cg`) back into the contiguous `[N, C, H, W]` gradient `dx`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn col2im<T: Native>(
+    col: &[T],
+    g: &Geom,
+    n0: usize,
+    nb: usize,
+    c0: usize,
+    cg: usize,
+    dx: &mut [T],
+) {
+    let (lsz, plane) = (g.l(), g.h * g.w);
+    let ncols = nb * lsz;
+    if ncols == 0 || cg == 0 || plane == 0 {
+        return;
+    }
+    // One plane (sample b, channel c) per task: planes are disjoint in `dx`.
+    let add_plane = |b: usize, c: usize, dst: &mut [T]| {
+        for ki in 0..g.kh {
+            let (ylo, yhi) = g.rows(ki);
+            for kj in 0..g.kw {
+                let (xlo, xhi) = g.cols(kj);
+                let r = (c * g.kh + ki) * g.kw + kj;
+                let src = &col[r * ncols + b * lsz..r * ncols + (b + 1) * lsz];
+                for oy in ylo..yhi {
+                    let iy = oy * g.sh + ki * g.dh - g.ph;
+                    let srow = &src[oy * g.ow..(oy + 1) * g.ow];
+                    let x0 = xlo * g.sw + kj * g.dw - g.pw;
+                    let drow = &mut dst[iy * g.w..(iy + 1) * g.w];
+                    if g.sw == 1 {
+                        for (o, &v) in drow[x0..x0 + (xhi - xlo)].iter_mut().zip(&srow[xlo..xhi]) {
+                            *o = o.add(v);
+                        }
+                    } else {
+                        for (i, &v) in srow[xlo..xhi].iter().enumerate() {
+                            let o = &mut drow[x0 + i * g.sw];
+                            *o = o.add(v);
+                        }
+                    }
+                }
+            }
+        }
+    };
+    for b in 0..nb {
+        let start = ((n0 + b) * g.c + c0) * plane;
+        let planes = &mut dx[start..start + cg * plane];
+        if cg * plane * g.kh * g.kw >= PARALLEL_WORK && may_fork() {
+            fork(|| {
+                planes
+                    .par_chunks_mut(plane)
+                    .enumerate()
+                    .for_each(|(c, d)| add_plane(b, c, d))
+            });
+        } else {
+            planes
+                .chunks_mut(plane)
+                .enumerate()
+                .for_each(|(c, d)| add_plane(b, c, d));
+        }
+    }
+}
+
+/// Samples per im2col chunk.
+fn chunk(g: &Geom, k: usize) -> usize {
+    (COL_LIMIT / (k * g.l()).max(1)).clamp(1, g.n.max(1))
+}
+
+/// `[N, O, oh, ow]` rows `n0..n0+nb` of `g` (read through its layout) as a contiguous
+/// `[O, nb*L]` matrix.
+fn gather_grad<T: Native>(g: Strided<'_, T>, n0: usize, nb: usize, lsz: usize, out: &mut [T]) {
+    let (st, off) = nchw_strides(g.layout);
+    let data = g.data;
+    let d = g.layout.shape.dims();
+    let (o_count, oh, ow) = (d[1], d[2], d[3]);
+    let ncols = nb * lsz;
+    for o in 0..o_count {
+        for b in 0..nb {
+            let dst = &mut out[o * ncols + b * lsz..o * ncols + (b + 1) * lsz];
+            let base = off + (n0 + b) as isize * st[0] + o as isize * st[1];
+            for (y, row) in dst.chunks_mut(ow.max(1)).enumerate().take(oh) {
+                let start = base + y as isize * st[2];
+                if st[3] == 1 {
+                    row.copy_from_slice(&data[start as usize..start as usize + ow]);
+                } else {
+                    for (x, e) in row.iter_mut().enumerate() {
+                        *e = data[(start + x as isize * st[3]) as usize];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Run `f` on a scratch slice of `len` elements taken from the buffer pool (not
+/// zeroed: `f` must write before it reads) and return its result; the memory goes
+/// back to the pool, so repeated calls neither zero nor fault in fresh pages.
+fn with_scratch<T: Native, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+    let mut r = None;
+    let _buf = new_overwritten::<T>(len, |s| r = Some(f(s)))?;
+    Ok(r.expect("new_overwritten calls its closure"))
+}
+
+/// A weight `[O, C/groups, kh, kw]` as a contiguous slice and its start offset (copied
+/// only if the operand is not contiguous).
+fn weight_slice<'a, T: Native>(w: Strided<'a, T>, owned: &'a mut Vec<T>) -> (&'a [T], usize) {
+    if w.layout.is_contiguous() {
+        (w.data, w.layout.offset)
+    } else {
+        *owned = to_vec::<T>(w);
+        (owned.as_slice(), 0)
+    }
+}
+
+/// `conv2d`: per chunk of samples and per group, `W · im2col(x)` plus the bias, into a
+/// new `[N, O, oh, ow]` buffer.
+pub(crate) fn conv2d_kernel<T: Native>(
+    x: Strided<'_, T>,
+    w: Strided<'_, T>,
+    bias: Option<Strided<'_, T>>,
+    g: &Geom,
+    o_count: usize,
+    groups: usize,
+) -> Result<Buffer> {
+    let (cg, og) = (g.c / groups, o_count / groups);
+    let k = cg * g.kh * g.kw;
+    let lsz = g.l();
+    let total = g.n * o_count * lsz;
+    let mut owned = Vec::new();
+    let (wd, woff) = weight_slice::<T>(w, &mut owned);
+    let bias: Option<Vec<T>> = bias.map(|b| to_vec::<T>(b));
+    let xd = x.data;
+    let nb_max = chunk(g, k);
+    with_scratch::<T, _>(k * nb_max * lsz, |col| {
+        with_scratch::<T, _>(og * nb_max * lsz, |tmp| {
+            new_overwritten::<T>(total, |out| {
+                if total == 0 {
+                    return;
+                }
+                for n0 in (0..g.n).step_by(nb_max) {
+                    let nb = nb_max.min(g.n - n0);
+                    let ncols = nb * lsz;
+                    for gi in 0..groups {
+                        im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
+                        let a = Mat {
+                            data: wd,
+                            off: (woff + gi * og * k) as isize,
+                            rs: k as isize,
+                            cs: 1,
+                        };
+                        let b = Mat {
+                            data: col,
+                            off: 0,
+                            rs: ncols as isize,
+                            cs: 1,
+                        };
+                        matmul_2d(og, ncols, k, a, b, tmp);
+                        for o in 0..og {
+                            let oc = gi * og + o;
+                            let add = bias.as_ref().map_or(T::ZERO, |b| b[oc]);
+                            for bb in 0..nb {
+                                let dst = &mut out[((n0 + bb) * o_count + oc) * lsz..][..lsz];
+                                let src = &tmp[o * ncols + bb * lsz..][..lsz];
+                                for (d, &s) in dst.iter_mut().zip(src) {
+                                    *d = s.add(add);
+                                }
+                            }
+                        }
+                    }
+                }
+            })
+        })
+    })??
+}
+
+/// `dx = col2im(Wᵀ · G)` per group and chunk of samples.
+pub(crate) fn conv2d_grad_input_kernel<T: Native>(
+    gr: Strided<'_, T>,
+    w: Strided<'_, T>,
+    g: &Geom,
+    groups: usize,
+) -> Result<Buffer> {
+    let o_count = gr.layout.shape.dims()[1];
+    let (cg, og) = (g.c / groups, o_count / groups);
+    let k = cg * g.kh * g.kw;
+    let lsz = g.l();
+    let mut owned = Vec::new();
+    let (wd, woff) = weight_slice::<T>(w, &mut owned);
+    let nb_max = chunk(g, k.max(o_count));
+    with_scratch::<T, _>(o_count * nb_max * lsz, |gt| {
+        with_scratch::<T, _>(k * nb_max * lsz, |dcol| {
+            new_filled::<T>(g.n * g.c * g.h * g.w, |dx| {
+                if lsz == 0 || k == 0 {
+                    return;
+                }
+                for n0 in (0..g.n).step_by(nb_max) {
+                    let nb = nb_max.min(g.n - n0);
+                    let ncols = nb * lsz;
+                    gather_grad(gr, n0, nb, lsz, gt);
+                    for gi in 0..groups {
+                        let a = Mat {
+                            data: wd,
+                            off: (woff + gi * og * k) as isize,
+                            rs: 1,
+                            cs: k as isize,
+                        };
+                        let b = Mat {
+                            data: gt,
+                            off: (gi * og * ncols) as isize,
+                            rs: ncols as isize,
+                            cs: 1,
+                        };
+                        matmul_2d(k, ncols, og, a, b, dcol);
+                        col2im(dcol, g, n0, nb, gi * cg, cg, dx);
+                    }
+                }
+            })
+        })
+    })??
+}
+
+/// `dW = G · colᵀ` per group, summed over chunks of samples.
+pub(crate) fn conv2d_grad_weight_kernel<T: Native>(
+    x: Strided<'_, T>,
+    gr: Strided<'_, T>,
+    g: &Geom,
+    groups: usize,
+) -> Result<Buffer> {
+    let o_count = gr.layout.shape.dims()[1];
+    let (cg, og) = (g.c / groups, o_count / groups);
+    let k = cg * g.kh * g.kw;
+    let lsz = g.l();
+    let xd = x.data;
+    let nb_max = chunk(g, k.max(o_count));
+    let mut tmp = vec![T::ZERO; og * k];
+    with_scratch::<T, _>(o_count * nb_max * lsz, |gt| {
+        with_scratch::<T, _>(k * nb_max * lsz, |col| {
+            new_filled::<T>(o_count * k, |dw| {
+                if lsz == 0 || k == 0 || og == 0 {
+                    return;
+                }
+                for n0 in (0..g.n).step_by(nb_max) {
+                    let nb = nb_max.min(g.n - n0);
+                    let ncols = nb * lsz;
+                    gather_grad(gr, n0, nb, lsz, gt);
+                    for gi in 0..groups {
+                        im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
+                        let a = Mat {
+                            data: gt,
+                            off: (gi * og * ncols) as isize,
+                            rs: ncols as isize,
+                            cs: 1,
+                        };
+                        let b = Mat {
+                            data: col,
+                            off: 0,
+                            rs: 1,
+                            cs: ncols as isize,
+                        };
+                        matmul_2d(og, k, ncols, a, b, &mut tmp);
+                        let dst = &mut dw[gi * og * k..(gi + 1) * og * k];
+                        for (d, &s) in dst.iter_mut().zip(&tmp) {
+                            *d = d.add(s);
+                        }
+                    }
+                }
+            })
+        })
+    })??
+}

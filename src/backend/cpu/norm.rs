@@ -1,0 +1,155 @@
+//! The normalisation kernel behind `layer_norm` and `batch_norm` (group statistics,
+//! then `(x - mean) / sqrt(var + eps) * gamma + beta`), and `batch_norm`'s in-place
+//! update of its running statistics.
+
+use super::buffer::{Buffer, new_overwritten};
+use super::strided::{Strided, StridedMut};
+use crate::dtype::{Float, Native};
+use crate::error::Result;
+use crate::layout::{Strides, for_each_row};
+use crate::shape::{Dims, Shape};
+
+/// A per-element affine operand (`gamma`, `beta`) seen with one stride per axis of the
+/// normalised array.
+pub(crate) struct Affine<'a, T> {
+    data: &'a [T],
+    strides: Strides,
+    offset: usize,
+}
+
+impl<'a, T: Native> Affine<'a, T> {
+    /// `o` broadcast to `shape` (`channel`: `o` is `[C]` along axis 1 of `shape`).
+    pub(crate) fn of(o: Strided<'a, T>, shape: &Shape, channel: bool) -> Affine<'a, T> {
+        let strides = if channel {
+            let mut s = Strides::from_elem(0, shape.ndim());
+            s[1] = o.layout.strides[0];
+            s
+        } else {
+            o.layout.broadcast_strides(shape)
+        };
+        Affine {
+            data: o.data,
+            strides,
+            offset: o.layout.offset,
+        }
+    }
+
+    /// The constant `v` everywhere.
+    pub(crate) fn constant(v: &'a [T], ndim: usize) -> Affine<'a, T> {
+        Affine {
+            data: v,
+            strides: Strides::from_elem(0, ndim),
+            offset: 0,
+        }
+    }
+}
+
+/// Split `s` (one entry per axis) into the kept axes and the normalised ones.
+fn split_axes(s: &[isize], red: &[bool]) -> (Strides, Strides) {
+    let (mut kept, mut norm) = (Strides::new(), Strides::new());
+    for (d, &v) in s.iter().enumerate() {
+        if red[d] { norm.push(v) } else { kept.push(v) }
+    }
+    (kept, norm)
+}
+
+/// The normalisation kernel: for every group of elements that agree on the kept axes
+/// (`!red`), `y = (x - mean) / sqrt(var + eps) * gamma + beta`, with the group's mean and
+/// biased variance (f64 accumulation, two passes), or the `given` per-group statistics.
+/// Returns `y` (contiguous, `x`'s shape) and the per-group mean and variance in
+/// row-major order of the kept axes.
+pub(crate) fn normalize_kernel<T: Float>(
+    x: Strided<'_, T>,
+    red: &[bool],
+    gamma: &Affine<'_, T>,
+    beta: &Affine<'_, T>,
+    eps: f64,
+    given: Option<(Vec<f64>, Vec<f64>)>,
+) -> Result<(Buffer, Vec<f64>, Vec<f64>)> {
+    let l = x.layout;
+    let dims = l.shape.dims();
+    let xd = x.data;
+    let ys = l.shape.contiguous_strides();
+    let (kd, nd): (Dims, Dims) = {
+        let (mut k, mut n) = (Dims::new(), Dims::new());
+        for (d, &v) in dims.iter().enumerate() {
+            if red[d] { n.push(v) } else { k.push(v) }
+        }
+        (k, n)
+    };
+    let m: usize = nd.iter().product();
+    let (xk, xn) = split_axes(&l.strides, red);
+    let (yk, yn) = split_axes(&ys, red);
+    let (gk, gn) = split_axes(&gamma.strides, red);
+    let (bk, bn) = split_axes(&beta.strides, red);
+    let groups: usize = kd.iter().product();
+    let (mut means, mut vars) = match given {
+        Some((mm, vv)) => (mm, vv),
+        None => (Vec::with_capacity(groups), Vec::with_capacity(groups)),
+    };
+    let compute = means.is_empty() && groups > 0;
+    let buf = new_overwritten::<T>(l.size(), |out| {
+        if l.size() == 0 && !compute {
+            return;
+        }
+        let mut gi = 0usize;
+        for_each_row(
+            &kd,
+            [&xk, &yk, &gk, &bk],
+            [l.offset, 0, gamma.offset, beta.offset],
+            |off, len, s| {
+                for r in 0..len as isize {
+                    let o: [usize; 4] = std::array::from_fn(|k| (off[k] + r * s[k]) as usize);
+                    let (mean, var) = if compute {
+                        let mut sum = 0.0;
+                        for_each_row(&nd, [&xn], [o[0]], |p, n, st| {
+                            for i in 0..n as isize {
+                                sum += xd[(p[0] + i * st[0]) as usize].to_f64();
+                            }
+                        });
+                        let mean = sum / m as f64;
+                        let mut sq = 0.0;
+                        for_each_row(&nd, [&xn], [o[0]], |p, n, st| {
+                            for i in 0..n as isize {
+                                let d = xd[(p[0] + i * st[0]) as usize].to_f64() - mean;
+                                sq += d * d;
+                            }
+                        });
+                        let var = sq / m as f64;
+                        means.push(mean);
+                        vars.push(var);
+                        (mean, var)
+                    } else {
+                        (means[gi], vars[gi])
+                    };
+                    gi += 1;
+                    let (mu, rstd) = (T::from_f64(mean), T::from_f64(1.0 / (var + eps).sqrt()));
+                    for_each_row(&nd, [&xn, &yn, &gn, &bn], o, |p, n, st| {
+                        for i in 0..n as isize {
+                            let at = |k: usize| (p[k] + i * st[k]) as usize;
+                            let v = xd[at(0)].sub(mu).mul(rstd);
+                            out[at(1)] = v.mul(gamma.data[at(2)]).add(beta.data[at(3)]);
+                        }
+                    });
+                }
+            },
+        );
+    })?;
+    Ok((buf, means, vars))
+}
+
+/// `batch_norm`'s running-statistics update, in place on a `[C]` target:
+/// `running[ch] = (1 - momentum) * running[ch] + momentum * batch[ch] * scale`.
+pub(crate) fn update_running<T: Native>(
+    t: StridedMut<'_, T>,
+    batch: &[f64],
+    momentum: f64,
+    scale: f64,
+) {
+    let (off, stride) = (t.layout.offset as isize, t.layout.strides[0]);
+    let d = t.data;
+    for (ch, &b) in batch.iter().enumerate() {
+        let e = &mut d[(off + ch as isize * stride) as usize];
+        *e = T::from_f64((1.0 - momentum) * e.to_f64() + momentum * b * scale);
+    }
+}
