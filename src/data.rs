@@ -38,7 +38,7 @@
 // `load_digits` needs the default feature `io`.
 #![cfg_attr(not(feature = "io"), allow(rustdoc::broken_intra_doc_links))]
 
-use crate::array::gather::index_select_kernel;
+use crate::backend::cpu::gather::index_select_kernel;
 use crate::backend::cpu::new_overwritten;
 use crate::dtype::dispatch;
 use crate::error::{NdError, Result, SourceLocation, unwrap};

@@ -31,8 +31,7 @@ use crate::shape::{Dims, Shape};
 use smallvec::smallvec;
 use std::panic::Location;
 
-/// Re-exported for `data.rs`, which selects batch rows with it.
-pub(crate) use crate::backend::cpu::gather::index_select_kernel;
+use crate::backend::cpu::gather::index_select_kernel;
 
 // ---------------------------------------------------------------- validation
 

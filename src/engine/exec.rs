@@ -102,11 +102,6 @@ pub(crate) struct OperandMut<'a> {
 }
 
 impl OperandMut<'_> {
-    /// The target's whole buffer as `T` (index it with `layout`).
-    pub(crate) fn data_mut<T: Native>(&mut self) -> &mut [T] {
-        self.split_mut::<T>().0
-    }
-
     /// The target's data and layout at once (what [`StridedMut`] holds).
     pub(crate) fn split_mut<T: Native>(&mut self) -> (&mut [T], &Layout) {
         debug_assert_eq!(std::mem::size_of::<T>(), self.dtype.size_in_bytes());

@@ -4,16 +4,13 @@
 //! [`norm`](super::norm).
 
 use super::buffer::{Buffer, new_filled, new_overwritten};
-use super::fork::{fork, may_fork};
+use super::fork::{PARALLEL_ELEMS, fork, may_fork};
 use super::strided::Strided;
 use crate::dtype::{Float, Native};
 use crate::error::Result;
 use crate::layout::{Strides, for_each_row};
 use crate::shape::{Dims, Shape};
 use rayon::prelude::*;
-
-/// Element counts above which contiguous softmax rows are split across threads.
-const PARALLEL_ELEMS: usize = 1 << 18;
 
 /// Softmax (or log-softmax) of one lane: `src[s0 + i*ss]` into `dst[d0 + i*ds]`.
 #[inline]
