@@ -25,7 +25,7 @@ use crate::backend::cpu::pool2d::{
 use crate::backend::cpu::window::Geom;
 use crate::dtype::dispatch_float;
 use crate::engine::{self, ArrayId, Buffer, Operand, Output};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins};
 use crate::shape::Shape;
 use smallvec::{SmallVec, smallvec};
 use std::panic::Location;
@@ -463,161 +463,93 @@ impl Backward for PoolRule {
 }
 
 impl NDArray {
-    /// 2-D convolution (cross-correlation, as PyTorch's `conv2d`) of an NCHW input
-    /// `[N, C, H, W]` with OIHW weights `[O, C/groups, kh, kw]` and an optional bias
-    /// `[O]`: the result is `[N, O, oh, ow]` with `oh = (H + 2*padding[0] -
-    /// dilation[0]*(kh-1) - 1) / stride[0] + 1` (likewise `ow`). Zero padding; `groups`
-    /// splits the channels into independent groups. Computed as im2col + gemm;
-    /// differentiable in the input, the weight and the bias. F32/F64 only. Panics on
-    /// failure.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let x = m.arange(0.0, 16.0, 1.0, DType::F32).reshape([1, 1, 4, 4]);
-    /// let w = m.ones([2, 1, 3, 3], DType::F32);          // two 3x3 box filters
-    /// let b = m.create(&[0.0f32, 100.0], [2]);
-    /// let y = x.conv2d(w, Some(b), [1, 1], [0, 0], [1, 1], 1);
-    /// assert_eq!(y.shape().dims(), &[1, 2, 2, 2]);
-    /// assert_eq!(y.to_vec::<f32>()?, vec![45.0, 54.0, 81.0, 90.0, 145.0, 154.0, 181.0, 190.0]);
-    /// # m.close();
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    #[allow(clippy::too_many_arguments)]
-    pub fn conv2d(
-        self,
-        weight: NDArray,
-        bias: Option<NDArray>,
-        stride: [usize; 2],
-        padding: [usize; 2],
-        dilation: [usize; 2],
-        groups: usize,
-    ) -> NDArray {
-        unwrap(conv2d_impl(
-            self,
-            weight,
-            bias,
-            stride,
-            padding,
-            dilation,
-            groups,
-            Location::caller(),
-        ))
+    twins! {
+        /// 2-D convolution (cross-correlation, as PyTorch's `conv2d`) of an NCHW input
+        /// `[N, C, H, W]` with OIHW weights `[O, C/groups, kh, kw]` and an optional bias
+        /// `[O]`: the result is `[N, O, oh, ow]` with `oh = (H + 2*padding[0] -
+        /// dilation[0]*(kh-1) - 1) / stride[0] + 1` (likewise `ow`). Zero padding; `groups`
+        /// splits the channels into independent groups. Computed as im2col + gemm;
+        /// differentiable in the input, the weight and the bias. F32/F64 only. Panics on
+        /// failure.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let x = m.arange(0.0, 16.0, 1.0, DType::F32).reshape([1, 1, 4, 4]);
+        /// let w = m.ones([2, 1, 3, 3], DType::F32);          // two 3x3 box filters
+        /// let b = m.create(&[0.0f32, 100.0], [2]);
+        /// let y = x.conv2d(w, Some(b), [1, 1], [0, 0], [1, 1], 1);
+        /// assert_eq!(y.shape().dims(), &[1, 2, 2, 2]);
+        /// assert_eq!(y.to_vec::<f32>()?, vec![45.0, 54.0, 81.0, 90.0, 145.0, 154.0, 181.0, 190.0]);
+        /// # m.close();
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        #[allow(clippy::too_many_arguments)]
+        pub fn conv2d,
+        /// [`NDArray::conv2d`]. Errors: `UnsupportedDType` (not F32/F64), `DTypeMismatch`
+        /// (weight or bias), `InvalidArgument` (not 4-D, channels or groups that do not
+        /// match, a bias that is not `[O]`, a zero stride/dilation/groups, a window larger
+        /// than the padded input; the message names the shapes), `InvalidShape`, `Closed`.
+        #[allow(clippy::too_many_arguments)]
+        pub fn try_conv2d(self, weight: NDArray, bias: Option<NDArray>, stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2], groups: usize) -> NDArray {
+            conv2d_impl(
+                self,
+                weight,
+                bias,
+                stride,
+                padding,
+                dilation,
+                groups,
+                Location::caller(),
+            )
+        }
     }
 
-    /// [`NDArray::conv2d`]. Errors: `UnsupportedDType` (not F32/F64), `DTypeMismatch`
-    /// (weight or bias), `InvalidArgument` (not 4-D, channels or groups that do not
-    /// match, a bias that is not `[O]`, a zero stride/dilation/groups, a window larger
-    /// than the padded input; the message names the shapes), `InvalidShape`, `Closed`.
-    #[track_caller]
-    #[allow(clippy::too_many_arguments)]
-    pub fn try_conv2d(
-        self,
-        weight: NDArray,
-        bias: Option<NDArray>,
-        stride: [usize; 2],
-        padding: [usize; 2],
-        dilation: [usize; 2],
-        groups: usize,
-    ) -> Result<NDArray> {
-        conv2d_impl(
-            self,
-            weight,
-            bias,
-            stride,
-            padding,
-            dilation,
-            groups,
-            Location::caller(),
-        )
+    twins! {
+        /// 2-D max pooling over the last two axes of `[N, C, H, W]` (or `[C, H, W]`), as
+        /// PyTorch's `max_pool2d` (padding acts as -inf, so a window's maximum is over its
+        /// real elements; NaN propagates; `padding` at most half the kernel; floor output
+        /// size). The gradient goes to each window's first maximum. F32/F64 only. Panics on
+        /// failure.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let x = m.arange(0.0, 16.0, 1.0, DType::F32).reshape([1, 1, 4, 4]);
+        /// let y = x.max_pool2d([2, 2], [2, 2], [0, 0]);
+        /// assert_eq!(y.to_vec::<f32>()?, vec![5.0, 7.0, 13.0, 15.0]);
+        /// # m.close();
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn max_pool2d,
+        /// [`NDArray::max_pool2d`]. Errors: `UnsupportedDType` (not F32/F64),
+        /// `InvalidArgument` (not 3-D/4-D, a zero kernel or stride, padding over half the
+        /// kernel, a window larger than the padded input), `Closed`.
+        pub fn try_max_pool2d(self, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> NDArray {
+            pool_impl(self, Pool::Max, kernel, stride, padding, Location::caller())
+        }
     }
 
-    /// 2-D max pooling over the last two axes of `[N, C, H, W]` (or `[C, H, W]`), as
-    /// PyTorch's `max_pool2d` (padding acts as -inf, so a window's maximum is over its
-    /// real elements; NaN propagates; `padding` at most half the kernel; floor output
-    /// size). The gradient goes to each window's first maximum. F32/F64 only. Panics on
-    /// failure.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let x = m.arange(0.0, 16.0, 1.0, DType::F32).reshape([1, 1, 4, 4]);
-    /// let y = x.max_pool2d([2, 2], [2, 2], [0, 0]);
-    /// assert_eq!(y.to_vec::<f32>()?, vec![5.0, 7.0, 13.0, 15.0]);
-    /// # m.close();
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn max_pool2d(
-        self,
-        kernel: [usize; 2],
-        stride: [usize; 2],
-        padding: [usize; 2],
-    ) -> NDArray {
-        unwrap(pool_impl(
-            self,
-            Pool::Max,
-            kernel,
-            stride,
-            padding,
-            Location::caller(),
-        ))
-    }
-
-    /// [`NDArray::max_pool2d`]. Errors: `UnsupportedDType` (not F32/F64),
-    /// `InvalidArgument` (not 3-D/4-D, a zero kernel or stride, padding over half the
-    /// kernel, a window larger than the padded input), `Closed`.
-    #[track_caller]
-    pub fn try_max_pool2d(
-        self,
-        kernel: [usize; 2],
-        stride: [usize; 2],
-        padding: [usize; 2],
-    ) -> Result<NDArray> {
-        pool_impl(self, Pool::Max, kernel, stride, padding, Location::caller())
-    }
-
-    /// 2-D average pooling over the last two axes of `[N, C, H, W]` (or `[C, H, W]`), as
-    /// PyTorch's `avg_pool2d` with its default `count_include_pad=True`: every window
-    /// sums its real elements and divides by `kernel[0] * kernel[1]`, padding counted as
-    /// zeros. F32/F64 only. Panics on failure.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let x = m.arange(0.0, 16.0, 1.0, DType::F32).reshape([1, 1, 4, 4]);
-    /// let y = x.avg_pool2d([2, 2], [2, 2], [0, 0]);
-    /// assert_eq!(y.to_vec::<f32>()?, vec![2.5, 4.5, 10.5, 12.5]);
-    /// # m.close();
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn avg_pool2d(
-        self,
-        kernel: [usize; 2],
-        stride: [usize; 2],
-        padding: [usize; 2],
-    ) -> NDArray {
-        unwrap(pool_impl(
-            self,
-            Pool::Avg,
-            kernel,
-            stride,
-            padding,
-            Location::caller(),
-        ))
-    }
-
-    /// [`NDArray::avg_pool2d`]. Errors: as [`NDArray::try_max_pool2d`].
-    #[track_caller]
-    pub fn try_avg_pool2d(
-        self,
-        kernel: [usize; 2],
-        stride: [usize; 2],
-        padding: [usize; 2],
-    ) -> Result<NDArray> {
-        pool_impl(self, Pool::Avg, kernel, stride, padding, Location::caller())
+    twins! {
+        /// 2-D average pooling over the last two axes of `[N, C, H, W]` (or `[C, H, W]`), as
+        /// PyTorch's `avg_pool2d` with its default `count_include_pad=True`: every window
+        /// sums its real elements and divides by `kernel[0] * kernel[1]`, padding counted as
+        /// zeros. F32/F64 only. Panics on failure.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let x = m.arange(0.0, 16.0, 1.0, DType::F32).reshape([1, 1, 4, 4]);
+        /// let y = x.avg_pool2d([2, 2], [2, 2], [0, 0]);
+        /// assert_eq!(y.to_vec::<f32>()?, vec![2.5, 4.5, 10.5, 12.5]);
+        /// # m.close();
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn avg_pool2d,
+        /// [`NDArray::avg_pool2d`]. Errors: as [`NDArray::try_max_pool2d`].
+        pub fn try_avg_pool2d(self, kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2]) -> NDArray {
+            pool_impl(self, Pool::Avg, kernel, stride, padding, Location::caller())
+        }
     }
 }
 

@@ -26,7 +26,7 @@ use crate::backend::cpu::gather::{
 use crate::backend::cpu::{new_filled, new_overwritten};
 use crate::dtype::{Native, dispatch};
 use crate::engine::{self, Operand, Output};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins};
 use crate::shape::{Dims, Shape};
 use smallvec::smallvec;
 use std::panic::Location;
@@ -505,179 +505,155 @@ impl Backward for MaskedFillRule {
 }
 
 impl NDArray {
-    /// The slices of `self` at `indices` along `axis` (negative counts from the end),
-    /// in the order given, repeats allowed: numpy's `take(x, indices, axis)`, PyTorch's
-    /// `index_select` for a 1-D index. The result's shape is `self`'s with `axis`
-    /// replaced by the index array's shape (so a 2-D index into a `[V, D]` table gives
-    /// `[B, T, D]`, an embedding lookup; a 0-d index removes the axis, as numpy; PyTorch
-    /// only takes 1-D indices). Every dtype; indices of any integer dtype, each in
-    /// `0..size` (negative indices are errors, not counted from the end).
-    /// Differentiable: the gradient adds `g` back at the indices. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [3, 2]);
-    /// let i = m.create(&[2i64, 0, 2], [3]);
-    /// assert_eq!(x.index_select(0, i).to_vec::<f32>()?, vec![5.0, 6.0, 1.0, 2.0, 5.0, 6.0]);
-    /// assert_eq!(x.index_select(-1, m.create(&[1i32], [1])).to_vec::<f32>()?, vec![2.0, 4.0, 6.0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn index_select(self, axis: isize, indices: NDArray) -> NDArray {
-        unwrap(index_select_impl(self, axis, indices, Location::caller()))
+    twins! {
+        /// The slices of `self` at `indices` along `axis` (negative counts from the end),
+        /// in the order given, repeats allowed: numpy's `take(x, indices, axis)`, PyTorch's
+        /// `index_select` for a 1-D index. The result's shape is `self`'s with `axis`
+        /// replaced by the index array's shape (so a 2-D index into a `[V, D]` table gives
+        /// `[B, T, D]`, an embedding lookup; a 0-d index removes the axis, as numpy; PyTorch
+        /// only takes 1-D indices). Every dtype; indices of any integer dtype, each in
+        /// `0..size` (negative indices are errors, not counted from the end).
+        /// Differentiable: the gradient adds `g` back at the indices. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [3, 2]);
+        /// let i = m.create(&[2i64, 0, 2], [3]);
+        /// assert_eq!(x.index_select(0, i).to_vec::<f32>()?, vec![5.0, 6.0, 1.0, 2.0, 5.0, 6.0]);
+        /// assert_eq!(x.index_select(-1, m.create(&[1i32], [1])).to_vec::<f32>()?, vec![2.0, 4.0, 6.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn index_select,
+        /// [`NDArray::index_select`]. Errors: `Index` (an index is negative or `>=` the
+        /// axis size: the message names it, its position and the bound), `UnsupportedDType`
+        /// (float or Bool indices), `AxisOutOfRange`, `Closed`.
+        pub fn try_index_select(self, axis: isize, indices: NDArray) -> NDArray {
+            index_select_impl(self, axis, indices, Location::caller())
+        }
     }
 
-    /// [`NDArray::index_select`]. Errors: `Index` (an index is negative or `>=` the
-    /// axis size: the message names it, its position and the bound), `UnsupportedDType`
-    /// (float or Bool indices), `AxisOutOfRange`, `Closed`.
-    #[track_caller]
-    pub fn try_index_select(self, axis: isize, indices: NDArray) -> Result<NDArray> {
-        index_select_impl(self, axis, indices, Location::caller())
+    twins! {
+        /// PyTorch's `gather`: `out[i][j][k] = self[indices[i][j][k]][j][k]` for `axis ==
+        /// 0` (the index replaces the position along `axis`). `indices` has as many dims as
+        /// `self` and is no larger along the other axes; the result has its shape. Every
+        /// dtype; indices of any integer dtype in `0..self.shape[axis]` (negative ones are
+        /// errors). Differentiable: the gradient scatter-adds `g` into zeros. Panics on
+        /// error.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1, 2, 3, 4], [2, 2]);
+        /// let i = m.create(&[0i64, 0, 1, 0], [2, 2]);
+        /// assert_eq!(x.gather(1, i).to_vec::<i32>()?, vec![1, 1, 4, 3]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn gather,
+        /// [`NDArray::gather`]. Errors: `Index` (an index out of range), `InvalidShape`
+        /// (the index has another number of dims, or is larger off `axis`),
+        /// `UnsupportedDType` (float or Bool indices), `AxisOutOfRange`, `Closed`.
+        pub fn try_gather(self, axis: isize, indices: NDArray) -> NDArray {
+            gather_impl(self, axis, indices, Location::caller())
+        }
     }
 
-    /// PyTorch's `gather`: `out[i][j][k] = self[indices[i][j][k]][j][k]` for `axis ==
-    /// 0` (the index replaces the position along `axis`). `indices` has as many dims as
-    /// `self` and is no larger along the other axes; the result has its shape. Every
-    /// dtype; indices of any integer dtype in `0..self.shape[axis]` (negative ones are
-    /// errors). Differentiable: the gradient scatter-adds `g` into zeros. Panics on
-    /// error.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1, 2, 3, 4], [2, 2]);
-    /// let i = m.create(&[0i64, 0, 1, 0], [2, 2]);
-    /// assert_eq!(x.gather(1, i).to_vec::<i32>()?, vec![1, 1, 4, 3]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn gather(self, axis: isize, indices: NDArray) -> NDArray {
-        unwrap(gather_impl(self, axis, indices, Location::caller()))
+    twins! {
+        /// PyTorch's `scatter_add` (out of place): a new array equal to `self` with
+        /// `src[i][j][k]` added at `[indices[i][j][k]][j][k]` for `axis == 0`; repeated
+        /// indices accumulate. `indices`, `src` and `self` have the same number of dims,
+        /// `indices` is no larger than `src` along any axis and than `self` off `axis`
+        /// (only its extent is read from `src`). `src` has `self`'s dtype (not Bool).
+        /// Differentiable: `self` gets `g`, `src` gets `g.gather(axis, indices)`. Panics on
+        /// error.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let x = m.zeros([3], DType::F32);
+        /// let i = m.create(&[0i64, 2, 0], [3]);
+        /// let s = m.create(&[1.0f32, 2.0, 3.0], [3]);
+        /// assert_eq!(x.scatter_add(0, i, s).to_vec::<f32>()?, vec![4.0, 0.0, 2.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn scatter_add,
+        /// [`NDArray::scatter_add`]. Errors: `Index`, `InvalidShape` (see above),
+        /// `DTypeMismatch` (`src`), `UnsupportedDType` (Bool values, float or Bool indices),
+        /// `AxisOutOfRange`, `Closed`.
+        pub fn try_scatter_add(self, axis: isize, indices: NDArray, src: NDArray) -> NDArray {
+            scatter_add_impl(self, axis, indices, src, Location::caller())
+        }
     }
 
-    /// [`NDArray::gather`]. Errors: `Index` (an index out of range), `InvalidShape`
-    /// (the index has another number of dims, or is larger off `axis`),
-    /// `UnsupportedDType` (float or Bool indices), `AxisOutOfRange`, `Closed`.
-    #[track_caller]
-    pub fn try_gather(self, axis: isize, indices: NDArray) -> Result<NDArray> {
-        gather_impl(self, axis, indices, Location::caller())
+    twins! {
+        /// The elements at flat (row-major) `indices` of `self`, in an array of the index
+        /// array's shape (numpy's `take` without an axis). Every dtype; indices of any
+        /// integer dtype in `0..self.size()` (negative ones are errors). Differentiable.
+        /// Panics on error.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[10, 20, 30, 40], [2, 2]);
+        /// let t = x.take(m.create(&[3i32, 0, 0, 2], [2, 2]));
+        /// assert_eq!(t.shape().dims(), &[2, 2]);
+        /// assert_eq!(t.to_vec::<i32>()?, vec![40, 10, 10, 30]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn take,
+        /// [`NDArray::take`]. Errors: `Index` (an index out of range), `UnsupportedDType`
+        /// (float or Bool indices), `Closed`.
+        pub fn try_take(self, indices: NDArray) -> NDArray {
+            take_impl(self, indices, Location::caller())
+        }
     }
 
-    /// PyTorch's `scatter_add` (out of place): a new array equal to `self` with
-    /// `src[i][j][k]` added at `[indices[i][j][k]][j][k]` for `axis == 0`; repeated
-    /// indices accumulate. `indices`, `src` and `self` have the same number of dims,
-    /// `indices` is no larger than `src` along any axis and than `self` off `axis`
-    /// (only its extent is read from `src`). `src` has `self`'s dtype (not Bool).
-    /// Differentiable: `self` gets `g`, `src` gets `g.gather(axis, indices)`. Panics on
-    /// error.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let x = m.zeros([3], DType::F32);
-    /// let i = m.create(&[0i64, 2, 0], [3]);
-    /// let s = m.create(&[1.0f32, 2.0, 3.0], [3]);
-    /// assert_eq!(x.scatter_add(0, i, s).to_vec::<f32>()?, vec![4.0, 0.0, 2.0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn scatter_add(self, axis: isize, indices: NDArray, src: NDArray) -> NDArray {
-        unwrap(scatter_add_impl(
-            self,
-            axis,
-            indices,
-            src,
-            Location::caller(),
-        ))
+    twins! {
+        /// The elements (or rows) of `self` where the Bool `mask` is true, in row-major
+        /// order (DJL's `booleanMask`, numpy's `x[mask]`). A mask of `self`'s shape gives
+        /// a 1-D result; a mask of a leading part of the shape (`[N]` for `[N, D]`)
+        /// selects whole rows: the result is `[count, D]`. Differentiable: the gradient is
+        /// `g` put back where the mask is set. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1.0f32, -2.0, 3.0, -4.0], [2, 2]);
+        /// assert_eq!(x.boolean_mask(x.gt(0.0)).to_vec::<f32>()?, vec![1.0, 3.0]);
+        /// let rows = x.boolean_mask(m.create(&[false, true], [2]));
+        /// assert_eq!(rows.shape().dims(), &[1, 2]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn boolean_mask,
+        /// [`NDArray::boolean_mask`]. Errors: `UnsupportedDType` (mask not Bool),
+        /// `InvalidShape` (the mask's shape is not `self`'s or a leading part of it, or is
+        /// 0-d), `Closed`.
+        pub fn try_boolean_mask(self, mask: NDArray) -> NDArray {
+            boolean_mask_impl(self, mask, Location::caller())
+        }
     }
 
-    /// [`NDArray::scatter_add`]. Errors: `Index`, `InvalidShape` (see above),
-    /// `DTypeMismatch` (`src`), `UnsupportedDType` (Bool values, float or Bool indices),
-    /// `AxisOutOfRange`, `Closed`.
-    #[track_caller]
-    pub fn try_scatter_add(self, axis: isize, indices: NDArray, src: NDArray) -> Result<NDArray> {
-        scatter_add_impl(self, axis, indices, src, Location::caller())
-    }
-
-    /// The elements at flat (row-major) `indices` of `self`, in an array of the index
-    /// array's shape (numpy's `take` without an axis). Every dtype; indices of any
-    /// integer dtype in `0..self.size()` (negative ones are errors). Differentiable.
-    /// Panics on error.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[10, 20, 30, 40], [2, 2]);
-    /// let t = x.take(m.create(&[3i32, 0, 0, 2], [2, 2]));
-    /// assert_eq!(t.shape().dims(), &[2, 2]);
-    /// assert_eq!(t.to_vec::<i32>()?, vec![40, 10, 10, 30]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn take(self, indices: NDArray) -> NDArray {
-        unwrap(take_impl(self, indices, Location::caller()))
-    }
-
-    /// [`NDArray::take`]. Errors: `Index` (an index out of range), `UnsupportedDType`
-    /// (float or Bool indices), `Closed`.
-    #[track_caller]
-    pub fn try_take(self, indices: NDArray) -> Result<NDArray> {
-        take_impl(self, indices, Location::caller())
-    }
-
-    /// The elements (or rows) of `self` where the Bool `mask` is true, in row-major
-    /// order (DJL's `booleanMask`, numpy's `x[mask]`). A mask of `self`'s shape gives
-    /// a 1-D result; a mask of a leading part of the shape (`[N]` for `[N, D]`)
-    /// selects whole rows: the result is `[count, D]`. Differentiable: the gradient is
-    /// `g` put back where the mask is set. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1.0f32, -2.0, 3.0, -4.0], [2, 2]);
-    /// assert_eq!(x.boolean_mask(x.gt(0.0)).to_vec::<f32>()?, vec![1.0, 3.0]);
-    /// let rows = x.boolean_mask(m.create(&[false, true], [2]));
-    /// assert_eq!(rows.shape().dims(), &[1, 2]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn boolean_mask(self, mask: NDArray) -> NDArray {
-        unwrap(boolean_mask_impl(self, mask, Location::caller()))
-    }
-
-    /// [`NDArray::boolean_mask`]. Errors: `UnsupportedDType` (mask not Bool),
-    /// `InvalidShape` (the mask's shape is not `self`'s or a leading part of it, or is
-    /// 0-d), `Closed`.
-    #[track_caller]
-    pub fn try_boolean_mask(self, mask: NDArray) -> Result<NDArray> {
-        boolean_mask_impl(self, mask, Location::caller())
-    }
-
-    /// A new array equal to `self` with `value` where the Bool `mask` (broadcast to
-    /// `self`'s shape; it may not enlarge it) is true (PyTorch's `masked_fill`). The
-    /// value is converted to `self`'s dtype (integers truncate toward zero; Bool stores
-    /// `value != 0`). Differentiable in `self`: the gradient is `g` where the mask is
-    /// false. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
-    /// let mask = m.create(&[true, false], [2]);            // broadcast over the rows
-    /// assert_eq!(x.masked_fill(mask, -1.0).to_vec::<f32>()?, vec![-1.0, 2.0, -1.0, 4.0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn masked_fill(self, mask: NDArray, value: f64) -> NDArray {
-        unwrap(masked_fill_impl(self, mask, value, Location::caller()))
-    }
-
-    /// [`NDArray::masked_fill`]. Errors: `UnsupportedDType` (mask not Bool),
-    /// `ShapeMismatch` (the mask does not broadcast to `self`'s shape),
-    /// `InvalidArgument` (a NaN or infinite value for an integer array), `Closed`.
-    #[track_caller]
-    pub fn try_masked_fill(self, mask: NDArray, value: f64) -> Result<NDArray> {
-        masked_fill_impl(self, mask, value, Location::caller())
+    twins! {
+        /// A new array equal to `self` with `value` where the Bool `mask` (broadcast to
+        /// `self`'s shape; it may not enlarge it) is true (PyTorch's `masked_fill`). The
+        /// value is converted to `self`'s dtype (integers truncate toward zero; Bool stores
+        /// `value != 0`). Differentiable in `self`: the gradient is `g` where the mask is
+        /// false. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+        /// let mask = m.create(&[true, false], [2]);            // broadcast over the rows
+        /// assert_eq!(x.masked_fill(mask, -1.0).to_vec::<f32>()?, vec![-1.0, 2.0, -1.0, 4.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn masked_fill,
+        /// [`NDArray::masked_fill`]. Errors: `UnsupportedDType` (mask not Bool),
+        /// `ShapeMismatch` (the mask does not broadcast to `self`'s shape),
+        /// `InvalidArgument` (a NaN or infinite value for an integer array), `Closed`.
+        pub fn try_masked_fill(self, mask: NDArray, value: f64) -> NDArray {
+            masked_fill_impl(self, mask, value, Location::caller())
+        }
     }
 }

@@ -28,7 +28,7 @@ pub(crate) use ops::{BinOp, UnOp};
 use crate::backend::cpu;
 use crate::dtype::{Element, dispatch};
 use crate::engine::{self, ArrayId};
-use crate::error::{NdError, Result, unwrap};
+use crate::error::{NdError, Result, twins, unwrap};
 use crate::{DType, NDManager, Shape};
 use std::panic::Location;
 
@@ -74,26 +74,22 @@ impl NDArray {
         self.id.uid()
     }
 
-    /// The shape. Panics if the array is closed (see [`NDArray::try_shape`]).
-    #[track_caller]
-    pub fn shape(self) -> Shape {
-        unwrap(self.try_shape())
+    twins! {
+        /// The shape. Panics if the array is closed (see [`NDArray::try_shape`]).
+        pub fn shape,
+        /// The shape, or `Closed`.
+        pub fn try_shape(self) -> Shape {
+            engine::shape(self.id)
+        }
     }
 
-    /// The shape, or `Closed`.
-    pub fn try_shape(self) -> Result<Shape> {
-        engine::shape(self.id)
-    }
-
-    /// The dtype. Panics if the array is closed.
-    #[track_caller]
-    pub fn dtype(self) -> DType {
-        unwrap(self.try_dtype())
-    }
-
-    /// The dtype, or `Closed`.
-    pub fn try_dtype(self) -> Result<DType> {
-        engine::dtype(self.id)
+    twins! {
+        /// The dtype. Panics if the array is closed.
+        pub fn dtype,
+        /// The dtype, or `Closed`.
+        pub fn try_dtype(self) -> DType {
+            engine::dtype(self.id)
+        }
     }
 
     /// Number of elements. Panics if the array is closed.
@@ -108,17 +104,15 @@ impl NDArray {
         unwrap(self.try_shape()).ndim()
     }
 
-    /// The owning manager. Panics if the array is closed.
-    #[track_caller]
-    pub fn manager(self) -> NDManager {
-        unwrap(self.try_manager())
-    }
-
-    /// The owning manager, or `Closed`.
-    pub fn try_manager(self) -> Result<NDManager> {
-        Ok(NDManager {
-            id: engine::manager_of(self.id)?,
-        })
+    twins! {
+        /// The owning manager. Panics if the array is closed.
+        pub fn manager,
+        /// The owning manager, or `Closed`.
+        pub fn try_manager(self) -> NDManager {
+            Ok(NDManager {
+                id: engine::manager_of(self.id)?,
+            })
+        }
     }
 
     /// Whether the array has been freed.
@@ -168,79 +162,66 @@ impl NDArray {
         Ok(v[0])
     }
 
-    /// Move ownership to the system manager: no manager close will free it; the caller
-    /// (or a scope it is still registered in) must. Does not unregister it from scopes.
-    #[track_caller]
-    pub fn detach(self) -> NDArray {
-        unwrap(self.try_detach())
+    twins! {
+        /// Move ownership to the system manager: no manager close will free it; the caller
+        /// (or a scope it is still registered in) must. Does not unregister it from scopes.
+        pub fn detach,
+        /// [`NDArray::detach`], or `Closed`.
+        pub fn try_detach(self) -> NDArray {
+            engine::attach(self.id, engine::SYSTEM)?;
+            Ok(self)
+        }
     }
 
-    /// [`NDArray::detach`], or `Closed`.
-    pub fn try_detach(self) -> Result<NDArray> {
-        engine::attach(self.id, engine::SYSTEM)?;
-        Ok(self)
+    twins! {
+        /// Move ownership to `manager`.
+        pub fn attach,
+        /// [`NDArray::attach`], or `Closed` / `ManagerClosed` / `ManagerCapped`.
+        pub fn try_attach(self, manager: &NDManager) -> NDArray {
+            engine::attach(self.id, manager.id)?;
+            Ok(self)
+        }
     }
 
-    /// Move ownership to `manager`.
-    #[track_caller]
-    pub fn attach(self, manager: &NDManager) -> NDArray {
-        unwrap(self.try_attach(manager))
+    twins! {
+        /// Move ownership to `manager` until it closes; then the array returns to the
+        /// manager it came from instead of being freed (it is freed if that one closed).
+        pub fn temp_attach,
+        /// [`NDArray::temp_attach`], or an error.
+        pub fn try_temp_attach(self, manager: &NDManager) -> NDArray {
+            engine::temp_attach(self.id, manager.id)?;
+            Ok(self)
+        }
     }
 
-    /// [`NDArray::attach`], or `Closed` / `ManagerClosed` / `ManagerCapped`.
-    pub fn try_attach(self, manager: &NDManager) -> Result<NDArray> {
-        engine::attach(self.id, manager.id)?;
-        Ok(self)
+    twins! {
+        /// Add a reference: the array survives the close of the scopes it is registered in
+        /// until a matching [`NDArray::release`] (or its manager's close, or `close()`).
+        /// Returns the new count.
+        pub fn retain,
+        /// [`NDArray::retain`], or `Closed`.
+        pub fn try_retain(self) -> u32 {
+            engine::retain(self.id)
+        }
     }
 
-    /// Move ownership to `manager` until it closes; then the array returns to the
-    /// manager it came from instead of being freed (it is freed if that one closed).
-    #[track_caller]
-    pub fn temp_attach(self, manager: &NDManager) -> NDArray {
-        unwrap(self.try_temp_attach(manager))
+    twins! {
+        /// Drop a reference; frees the array when none is left (so one `release()` frees an
+        /// unscoped, unretained array). Returns whether it freed. Panics on a freed array.
+        pub fn release,
+        /// [`NDArray::release`], or `Closed` for an array already freed.
+        pub fn try_release(self) -> bool {
+            engine::release(self.id, Location::caller())
+        }
     }
 
-    /// [`NDArray::temp_attach`], or an error.
-    pub fn try_temp_attach(self, manager: &NDManager) -> Result<NDArray> {
-        engine::temp_attach(self.id, manager.id)?;
-        Ok(self)
-    }
-
-    /// Add a reference: the array survives the close of the scopes it is registered in
-    /// until a matching [`NDArray::release`] (or its manager's close, or `close()`).
-    /// Returns the new count.
-    #[track_caller]
-    pub fn retain(self) -> u32 {
-        unwrap(self.try_retain())
-    }
-
-    /// [`NDArray::retain`], or `Closed`.
-    pub fn try_retain(self) -> Result<u32> {
-        engine::retain(self.id)
-    }
-
-    /// Drop a reference; frees the array when none is left (so one `release()` frees an
-    /// unscoped, unretained array). Returns whether it freed. Panics on a freed array.
-    #[track_caller]
-    pub fn release(self) -> bool {
-        unwrap(self.try_release())
-    }
-
-    /// [`NDArray::release`], or `Closed` for an array already freed.
-    #[track_caller]
-    pub fn try_release(self) -> Result<bool> {
-        engine::release(self.id, Location::caller())
-    }
-
-    /// Scope registrations plus outstanding retains.
-    #[track_caller]
-    pub fn ref_count(self) -> u32 {
-        unwrap(self.try_ref_count())
-    }
-
-    /// [`NDArray::ref_count`], or `Closed`.
-    pub fn try_ref_count(self) -> Result<u32> {
-        engine::ref_count(self.id)
+    twins! {
+        /// Scope registrations plus outstanding retains.
+        pub fn ref_count,
+        /// [`NDArray::ref_count`], or `Closed`.
+        pub fn try_ref_count(self) -> u32 {
+            engine::ref_count(self.id)
+        }
     }
 }
 

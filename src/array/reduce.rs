@@ -12,7 +12,7 @@ use crate::backend::cpu;
 use crate::backend::cpu::new_overwritten;
 use crate::dtype::{Native, dispatch};
 use crate::engine::{self, Buffer, Operand, Output};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins, unwrap};
 use crate::shape::{Dims, Shape};
 use smallvec::SmallVec;
 use std::panic::Location;
@@ -347,76 +347,52 @@ reduce_methods! {
 }
 
 impl NDArray {
-    /// Index of the largest element in the flattened (row-major) array as an I64 0-d
-    /// array; ties give the first index, a NaN wins over numbers. Panics on failure.
-    #[track_caller]
-    pub fn argmax(self) -> NDArray {
-        unwrap(arg_reduction(self, true, None, false, Location::caller()))
+    twins! {
+        /// Index of the largest element in the flattened (row-major) array as an I64 0-d
+        /// array; ties give the first index, a NaN wins over numbers. Panics on failure.
+        pub fn argmax,
+        /// [`NDArray::argmax`]. Errors: `Closed`, `InvalidArgument` (empty array).
+        /// Not differentiable: an integer result.
+        pub fn try_argmax(self) -> NDArray {
+            arg_reduction(self, true, None, false, Location::caller())
+        }
     }
 
-    /// [`NDArray::argmax`]. Errors: `Closed`, `InvalidArgument` (empty array).
-    /// Not differentiable: an integer result.
-    #[track_caller]
-    pub fn try_argmax(self) -> Result<NDArray> {
-        arg_reduction(self, true, None, false, Location::caller())
+    twins! {
+        /// Index of the smallest element in the flattened (row-major) array as an I64 0-d
+        /// array; ties give the first index, a NaN wins over numbers. Panics on failure.
+        pub fn argmin,
+        /// [`NDArray::argmin`]. Errors: `Closed`, `InvalidArgument` (empty array).
+        /// Not differentiable: an integer result.
+        pub fn try_argmin(self) -> NDArray {
+            arg_reduction(self, false, None, false, Location::caller())
+        }
     }
 
-    /// Index of the smallest element in the flattened (row-major) array as an I64 0-d
-    /// array; ties give the first index, a NaN wins over numbers. Panics on failure.
-    #[track_caller]
-    pub fn argmin(self) -> NDArray {
-        unwrap(arg_reduction(self, false, None, false, Location::caller()))
+    twins! {
+        /// Indices (I64) of the largest elements along `axis` (negative counts from the
+        /// end); with `keep_dims` the axis stays as size 1. Ties give the first index.
+        /// Panics on failure.
+        pub fn argmax_axis,
+        /// [`NDArray::argmax_axis`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument`
+        /// (the axis is empty while other axes are not).
+        /// Not differentiable: an integer result.
+        pub fn try_argmax_axis(self, axis: isize, keep_dims: bool) -> NDArray {
+            arg_reduction(self, true, Some(axis), keep_dims, Location::caller())
+        }
     }
 
-    /// [`NDArray::argmin`]. Errors: `Closed`, `InvalidArgument` (empty array).
-    /// Not differentiable: an integer result.
-    #[track_caller]
-    pub fn try_argmin(self) -> Result<NDArray> {
-        arg_reduction(self, false, None, false, Location::caller())
-    }
-
-    /// Indices (I64) of the largest elements along `axis` (negative counts from the
-    /// end); with `keep_dims` the axis stays as size 1. Ties give the first index.
-    /// Panics on failure.
-    #[track_caller]
-    pub fn argmax_axis(self, axis: isize, keep_dims: bool) -> NDArray {
-        unwrap(arg_reduction(
-            self,
-            true,
-            Some(axis),
-            keep_dims,
-            Location::caller(),
-        ))
-    }
-
-    /// [`NDArray::argmax_axis`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument`
-    /// (the axis is empty while other axes are not).
-    /// Not differentiable: an integer result.
-    #[track_caller]
-    pub fn try_argmax_axis(self, axis: isize, keep_dims: bool) -> Result<NDArray> {
-        arg_reduction(self, true, Some(axis), keep_dims, Location::caller())
-    }
-
-    /// Indices (I64) of the smallest elements along `axis` (negative counts from the
-    /// end); with `keep_dims` the axis stays as size 1. Ties give the first index.
-    /// Panics on failure.
-    #[track_caller]
-    pub fn argmin_axis(self, axis: isize, keep_dims: bool) -> NDArray {
-        unwrap(arg_reduction(
-            self,
-            false,
-            Some(axis),
-            keep_dims,
-            Location::caller(),
-        ))
-    }
-
-    /// [`NDArray::argmin_axis`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument`
-    /// (the axis is empty while other axes are not).
-    /// Not differentiable: an integer result.
-    #[track_caller]
-    pub fn try_argmin_axis(self, axis: isize, keep_dims: bool) -> Result<NDArray> {
-        arg_reduction(self, false, Some(axis), keep_dims, Location::caller())
+    twins! {
+        /// Indices (I64) of the smallest elements along `axis` (negative counts from the
+        /// end); with `keep_dims` the axis stays as size 1. Ties give the first index.
+        /// Panics on failure.
+        pub fn argmin_axis,
+        /// [`NDArray::argmin_axis`]. Errors: `Closed`, `AxisOutOfRange`, `InvalidArgument`
+        /// (the axis is empty while other axes are not).
+        /// Not differentiable: an integer result.
+        pub fn try_argmin_axis(self, axis: isize, keep_dims: bool) -> NDArray {
+            arg_reduction(self, false, Some(axis), keep_dims, Location::caller())
+        }
     }
 }
 

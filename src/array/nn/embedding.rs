@@ -9,7 +9,7 @@ use crate::backend::cpu::nn::{embedding_grad_kernel, embedding_kernel};
 use crate::backend::cpu::{new_filled, new_overwritten};
 use crate::dtype::dispatch_float;
 use crate::engine::{self, Output};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins};
 use crate::shape::Shape;
 use smallvec::smallvec;
 use std::panic::Location;
@@ -82,30 +82,27 @@ impl Backward for EmbeddingRule {
 }
 
 impl NDArray {
-    /// Rows of this `[V, D]` table (F32/F64) at integer `ids` of any shape: the result
-    /// is `ids.shape + [D]`, as PyTorch's `embedding`. Differentiable in the table (the
-    /// gradient adds each row's gradient at its id; repeated ids accumulate). Panics on
-    /// failure.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let table = m.create(&[0.0f32, 1.0, 10.0, 11.0, 20.0, 21.0], [3, 2]);
-    /// let ids = m.create(&[2i64, 0, 2], [3]);
-    /// assert_eq!(table.embedding(ids).to_vec::<f32>()?, vec![20.0, 21.0, 0.0, 1.0, 20.0, 21.0]);
-    /// # m.close();
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn embedding(self, ids: NDArray) -> NDArray {
-        unwrap(embedding_impl(self, ids, Location::caller()))
-    }
-
-    /// [`NDArray::embedding`]. Errors: `UnsupportedDType` (a table that is not F32/F64,
-    /// float or Bool ids), `InvalidArgument` (a table that is not 2-D), `Index` (an id
-    /// that is negative or `>= V`), `InvalidShape`, `Closed`.
-    #[track_caller]
-    pub fn try_embedding(self, ids: NDArray) -> Result<NDArray> {
-        embedding_impl(self, ids, Location::caller())
+    twins! {
+        /// Rows of this `[V, D]` table (F32/F64) at integer `ids` of any shape: the result
+        /// is `ids.shape + [D]`, as PyTorch's `embedding`. Differentiable in the table (the
+        /// gradient adds each row's gradient at its id; repeated ids accumulate). Panics on
+        /// failure.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let table = m.create(&[0.0f32, 1.0, 10.0, 11.0, 20.0, 21.0], [3, 2]);
+        /// let ids = m.create(&[2i64, 0, 2], [3]);
+        /// assert_eq!(table.embedding(ids).to_vec::<f32>()?, vec![20.0, 21.0, 0.0, 1.0, 20.0, 21.0]);
+        /// # m.close();
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn embedding,
+        /// [`NDArray::embedding`]. Errors: `UnsupportedDType` (a table that is not F32/F64,
+        /// float or Bool ids), `InvalidArgument` (a table that is not 2-D), `Index` (an id
+        /// that is negative or `>= V`), `InvalidShape`, `Closed`.
+        pub fn try_embedding(self, ids: NDArray) -> NDArray {
+            embedding_impl(self, ids, Location::caller())
+        }
     }
 }

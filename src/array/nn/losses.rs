@@ -9,7 +9,7 @@ use crate::backend::cpu::new_overwritten;
 use crate::backend::cpu::nn::{buffer_of, cross_entropy_grad_kernel, mean_of, softmax_nll};
 use crate::dtype::{Native, dispatch_float};
 use crate::engine::{self, ArrayId, Output};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins};
 use crate::shape::{Dims, Shape};
 use smallvec::{SmallVec, smallvec};
 use std::panic::Location;
@@ -199,87 +199,78 @@ impl Backward for LossRule {
 }
 
 impl NDArray {
-    /// Cross-entropy of logits `[N, C]` (F32/F64) with integer class `labels` `[N]`:
-    /// `mean_i(logsumexp(x_i) - x_i[label_i])`, a 0-d array, as PyTorch's
-    /// `cross_entropy` with its defaults (mean reduction; an empty batch gives NaN). A
-    /// fused, numerically stable log-softmax and negative log-likelihood: finite for
-    /// logits of any magnitude. Differentiable in the logits (`(softmax - one_hot) / N`).
-    /// No `ignore_index`: every label must be in `0..C`. Panics on failure.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let logits = m.create(&[0.0f64, 0.0, 1e4, 0.0], [2, 2]);
-    /// let labels = m.create(&[1i64, 0], [2]);
-    /// let loss = logits.cross_entropy(labels).to_scalar::<f64>()?;
-    /// assert!((loss - 2f64.ln() / 2.0).abs() < 1e-12);  // ln 2 for row 0, 0 for row 1
-    /// # m.close();
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn cross_entropy(self, labels: NDArray) -> NDArray {
-        unwrap(cross_entropy_impl(self, labels, Location::caller()))
+    twins! {
+        /// Cross-entropy of logits `[N, C]` (F32/F64) with integer class `labels` `[N]`:
+        /// `mean_i(logsumexp(x_i) - x_i[label_i])`, a 0-d array, as PyTorch's
+        /// `cross_entropy` with its defaults (mean reduction; an empty batch gives NaN). A
+        /// fused, numerically stable log-softmax and negative log-likelihood: finite for
+        /// logits of any magnitude. Differentiable in the logits (`(softmax - one_hot) / N`).
+        /// No `ignore_index`: every label must be in `0..C`. Panics on failure.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let logits = m.create(&[0.0f64, 0.0, 1e4, 0.0], [2, 2]);
+        /// let labels = m.create(&[1i64, 0], [2]);
+        /// let loss = logits.cross_entropy(labels).to_scalar::<f64>()?;
+        /// assert!((loss - 2f64.ln() / 2.0).abs() < 1e-12);  // ln 2 for row 0, 0 for row 1
+        /// # m.close();
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn cross_entropy,
+        /// [`NDArray::cross_entropy`]. Errors: `UnsupportedDType` (logits not F32/F64, float
+        /// or Bool labels), `InvalidArgument` (logits not 2-D, labels not `[N]`), `Index` (a
+        /// label that is negative or `>= C`), `Closed`.
+        pub fn try_cross_entropy(self, labels: NDArray) -> NDArray {
+            cross_entropy_impl(self, labels, Location::caller())
+        }
     }
 
-    /// [`NDArray::cross_entropy`]. Errors: `UnsupportedDType` (logits not F32/F64, float
-    /// or Bool labels), `InvalidArgument` (logits not 2-D, labels not `[N]`), `Index` (a
-    /// label that is negative or `>= C`), `Closed`.
-    #[track_caller]
-    pub fn try_cross_entropy(self, labels: NDArray) -> Result<NDArray> {
-        cross_entropy_impl(self, labels, Location::caller())
+    twins! {
+        /// Mean squared error `mean((x - target)^2)`, a 0-d array (PyTorch's `mse_loss` with
+        /// mean reduction; an empty input gives NaN). `target` must have `x`'s shape and
+        /// dtype (PyTorch broadcasts with a warning; here that is an error). F32/F64 only.
+        /// Differentiable in both. Panics on failure.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1.0f32, 2.0, 3.0], [3]);
+        /// let t = m.create(&[1.0f32, 0.0, 0.0], [3]);
+        /// assert_eq!(x.mse_loss(t).to_scalar::<f32>()?, 13.0 / 3.0);
+        /// # m.close();
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn mse_loss,
+        /// [`NDArray::mse_loss`]. Errors: `UnsupportedDType` (not F32/F64), `DTypeMismatch`,
+        /// `ShapeMismatch` (shapes differ), `Closed`.
+        pub fn try_mse_loss(self, target: NDArray) -> NDArray {
+            loss_impl(self, target, Loss::Mse, Location::caller())
+        }
     }
 
-    /// Mean squared error `mean((x - target)^2)`, a 0-d array (PyTorch's `mse_loss` with
-    /// mean reduction; an empty input gives NaN). `target` must have `x`'s shape and
-    /// dtype (PyTorch broadcasts with a warning; here that is an error). F32/F64 only.
-    /// Differentiable in both. Panics on failure.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1.0f32, 2.0, 3.0], [3]);
-    /// let t = m.create(&[1.0f32, 0.0, 0.0], [3]);
-    /// assert_eq!(x.mse_loss(t).to_scalar::<f32>()?, 13.0 / 3.0);
-    /// # m.close();
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn mse_loss(self, target: NDArray) -> NDArray {
-        unwrap(loss_impl(self, target, Loss::Mse, Location::caller()))
-    }
-
-    /// [`NDArray::mse_loss`]. Errors: `UnsupportedDType` (not F32/F64), `DTypeMismatch`,
-    /// `ShapeMismatch` (shapes differ), `Closed`.
-    #[track_caller]
-    pub fn try_mse_loss(self, target: NDArray) -> Result<NDArray> {
-        loss_impl(self, target, Loss::Mse, Location::caller())
-    }
-
-    /// Binary cross-entropy of logits `x` with targets in `[0, 1]`:
-    /// `mean(max(x, 0) - x * target + log1p(exp(-|x|)))`, a 0-d array, as PyTorch's
-    /// `binary_cross_entropy_with_logits` (mean reduction; no weights). Stable for
-    /// logits of any magnitude. `target` must have `x`'s shape and dtype. F32/F64 only.
-    /// Differentiable in both. Panics on failure.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[0.0f64, 1000.0], [2]);
-    /// let t = m.create(&[1.0f64, 1.0], [2]);
-    /// let loss = x.binary_cross_entropy_with_logits(t).to_scalar::<f64>()?;
-    /// assert!((loss - 2f64.ln() / 2.0).abs() < 1e-12);
-    /// # m.close();
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn binary_cross_entropy_with_logits(self, target: NDArray) -> NDArray {
-        unwrap(loss_impl(self, target, Loss::Bce, Location::caller()))
-    }
-
-    /// [`NDArray::binary_cross_entropy_with_logits`]. Errors: as
-    /// [`NDArray::try_mse_loss`].
-    #[track_caller]
-    pub fn try_binary_cross_entropy_with_logits(self, target: NDArray) -> Result<NDArray> {
-        loss_impl(self, target, Loss::Bce, Location::caller())
+    twins! {
+        /// Binary cross-entropy of logits `x` with targets in `[0, 1]`:
+        /// `mean(max(x, 0) - x * target + log1p(exp(-|x|)))`, a 0-d array, as PyTorch's
+        /// `binary_cross_entropy_with_logits` (mean reduction; no weights). Stable for
+        /// logits of any magnitude. `target` must have `x`'s shape and dtype. F32/F64 only.
+        /// Differentiable in both. Panics on failure.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[0.0f64, 1000.0], [2]);
+        /// let t = m.create(&[1.0f64, 1.0], [2]);
+        /// let loss = x.binary_cross_entropy_with_logits(t).to_scalar::<f64>()?;
+        /// assert!((loss - 2f64.ln() / 2.0).abs() < 1e-12);
+        /// # m.close();
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn binary_cross_entropy_with_logits,
+        /// [`NDArray::binary_cross_entropy_with_logits`]. Errors: as
+        /// [`NDArray::try_mse_loss`].
+        pub fn try_binary_cross_entropy_with_logits(self, target: NDArray) -> NDArray {
+            loss_impl(self, target, Loss::Bce, Location::caller())
+        }
     }
 }

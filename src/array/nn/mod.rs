@@ -24,7 +24,7 @@ use crate::backend::cpu::new_filled;
 use crate::backend::cpu::nn::{one_hot_kernel, select};
 use crate::dtype::{Native, dispatch};
 use crate::engine::{self, ArrayId, Buffer, Operand, Output};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins};
 use crate::shape::Shape;
 use smallvec::{SmallVec, smallvec};
 use std::panic::Location;
@@ -149,69 +149,60 @@ fn where_impl(cond: NDArray, x: NDArray, y: NDArray, at: SourceLocation) -> Resu
 }
 
 impl NDArray {
-    /// One-hot encoding of integer class indices: an array of `dtype` (any dtype; Bool
-    /// gives `true`/`false`) with a new last axis of length `depth`, 1 at each index and
-    /// 0 elsewhere (PyTorch's `one_hot` always returns int64; here the caller picks).
-    /// Not differentiable (integer input). Panics on failure.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let y = m.create(&[2i64, 0], [2]).one_hot(3, DType::F32);
-    /// assert_eq!(y.to_vec::<f32>()?, vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
-    /// # m.close();
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn one_hot(self, depth: usize, dtype: DType) -> NDArray {
-        unwrap(one_hot_impl(self, depth, dtype, Location::caller()))
+    twins! {
+        /// One-hot encoding of integer class indices: an array of `dtype` (any dtype; Bool
+        /// gives `true`/`false`) with a new last axis of length `depth`, 1 at each index and
+        /// 0 elsewhere (PyTorch's `one_hot` always returns int64; here the caller picks).
+        /// Not differentiable (integer input). Panics on failure.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let y = m.create(&[2i64, 0], [2]).one_hot(3, DType::F32);
+        /// assert_eq!(y.to_vec::<f32>()?, vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+        /// # m.close();
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn one_hot,
+        /// [`NDArray::one_hot`]. Errors: `Index` (an index is negative or `>= depth`),
+        /// `UnsupportedDType` (float or Bool input), `InvalidShape`, `Closed`.
+        /// Not differentiable: its input is integer labels.
+        pub fn try_one_hot(self, depth: usize, dtype: DType) -> NDArray {
+            one_hot_impl(self, depth, dtype, Location::caller())
+        }
     }
 
-    /// [`NDArray::one_hot`]. Errors: `Index` (an index is negative or `>= depth`),
-    /// `UnsupportedDType` (float or Bool input), `InvalidShape`, `Closed`.
-    /// Not differentiable: its input is integer labels.
-    #[track_caller]
-    pub fn try_one_hot(self, depth: usize, dtype: DType) -> Result<NDArray> {
-        one_hot_impl(self, depth, dtype, Location::caller())
+    twins! {
+        /// Limit every element to `[min, max]` (same dtype; NaN stays NaN; for integer
+        /// arrays the bounds are rounded inward). Panics on failure.
+        pub fn clip,
+        /// [`NDArray::clip`]. Errors: `InvalidArgument` (`min > max`, a NaN bound, or no
+        /// integer between them for an integer array), `UnsupportedDType` (Bool), `Closed`.
+        pub fn try_clip(self, min: f64, max: f64) -> NDArray {
+            clip_impl(self, min, max, Location::caller())
+        }
     }
 
-    /// Limit every element to `[min, max]` (same dtype; NaN stays NaN; for integer
-    /// arrays the bounds are rounded inward). Panics on failure.
-    #[track_caller]
-    pub fn clip(self, min: f64, max: f64) -> NDArray {
-        unwrap(clip_impl(self, min, max, Location::caller()))
-    }
-
-    /// [`NDArray::clip`]. Errors: `InvalidArgument` (`min > max`, a NaN bound, or no
-    /// integer between them for an integer array), `UnsupportedDType` (Bool), `Closed`.
-    #[track_caller]
-    pub fn try_clip(self, min: f64, max: f64) -> Result<NDArray> {
-        clip_impl(self, min, max, Location::caller())
-    }
-
-    /// Elementwise select: `x` where `self` (a Bool condition) is true, else `y`. The
-    /// three arrays broadcast together; `x` and `y` must have the same dtype, which the
-    /// result keeps. Panics on failure.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1.0f32, -2.0, 3.0], [3]);
-    /// let y = m.create(&[0.0f32], [1]);
-    /// assert_eq!(x.gt(0.0).where_(x, y).to_vec::<f32>()?, vec![1.0, 0.0, 3.0]);
-    /// # m.close();
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn where_(self, x: NDArray, y: NDArray) -> NDArray {
-        unwrap(where_impl(self, x, y, Location::caller()))
-    }
-
-    /// [`NDArray::where_`]. Errors: `UnsupportedDType` (condition not Bool),
-    /// `DTypeMismatch` (`x` and `y`), `ShapeMismatch` (not broadcastable), `Closed`.
-    #[track_caller]
-    pub fn try_where_(self, x: NDArray, y: NDArray) -> Result<NDArray> {
-        where_impl(self, x, y, Location::caller())
+    twins! {
+        /// Elementwise select: `x` where `self` (a Bool condition) is true, else `y`. The
+        /// three arrays broadcast together; `x` and `y` must have the same dtype, which the
+        /// result keeps. Panics on failure.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1.0f32, -2.0, 3.0], [3]);
+        /// let y = m.create(&[0.0f32], [1]);
+        /// assert_eq!(x.gt(0.0).where_(x, y).to_vec::<f32>()?, vec![1.0, 0.0, 3.0]);
+        /// # m.close();
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn where_,
+        /// [`NDArray::where_`]. Errors: `UnsupportedDType` (condition not Bool),
+        /// `DTypeMismatch` (`x` and `y`), `ShapeMismatch` (not broadcastable), `Closed`.
+        pub fn try_where_(self, x: NDArray, y: NDArray) -> NDArray {
+            where_impl(self, x, y, Location::caller())
+        }
     }
 }
 

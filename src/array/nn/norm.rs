@@ -10,7 +10,7 @@ use crate::backend::cpu::nn::buffer_of;
 use crate::backend::cpu::norm::{Affine, normalize_kernel, update_running};
 use crate::dtype::{Native, dispatch_float};
 use crate::engine::{self, ArrayId, Operand, Output};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins};
 use crate::shape::{Dims, Shape};
 use smallvec::{SmallVec, smallvec};
 use std::panic::Location;
@@ -324,133 +324,80 @@ fn batch_norm_impl(
 }
 
 impl NDArray {
-    /// Layer normalisation over `axes` (negative counts from the end): every group of
-    /// elements that agree on the other axes becomes `(x - mean) / sqrt(var + eps)`,
-    /// with the group's mean and biased variance as PyTorch's `layer_norm`, then
-    /// `* gamma + beta` where given. `gamma` and `beta` broadcast to `x`'s shape (PyTorch's
-    /// `normalized_shape` is the trailing axes, e.g. `axes = [-1]` with gamma `[D]`; for
-    /// other axes give them 1s on the kept axes, e.g. `[C, 1]`). Differentiable in `x`,
-    /// `gamma` and `beta`. F32/F64 only. Panics on failure.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1.0f64, 2.0, 3.0, 5.0, 5.0, 5.0], [2, 3]);
-    /// let y = x.layer_norm(&[-1], None, None, 1e-5).to_vec::<f64>()?;
-    /// let r = 1.0 / (2.0f64 / 3.0 + 1e-5).sqrt();   // 1 / sqrt(var + eps) of [1, 2, 3]
-    /// assert!((y[0] + r).abs() < 1e-12 && y[1].abs() < 1e-12 && (y[2] - r).abs() < 1e-12);
-    /// assert_eq!(&y[3..], &[0.0, 0.0, 0.0]);       // a constant row
-    /// # m.close();
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn layer_norm(
-        self,
-        axes: &[isize],
-        gamma: Option<NDArray>,
-        beta: Option<NDArray>,
-        eps: f64,
-    ) -> NDArray {
-        unwrap(layer_norm_impl(
-            self,
-            axes,
-            gamma,
-            beta,
-            eps,
-            Location::caller(),
-        ))
+    twins! {
+        /// Layer normalisation over `axes` (negative counts from the end): every group of
+        /// elements that agree on the other axes becomes `(x - mean) / sqrt(var + eps)`,
+        /// with the group's mean and biased variance as PyTorch's `layer_norm`, then
+        /// `* gamma + beta` where given. `gamma` and `beta` broadcast to `x`'s shape (PyTorch's
+        /// `normalized_shape` is the trailing axes, e.g. `axes = [-1]` with gamma `[D]`; for
+        /// other axes give them 1s on the kept axes, e.g. `[C, 1]`). Differentiable in `x`,
+        /// `gamma` and `beta`. F32/F64 only. Panics on failure.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1.0f64, 2.0, 3.0, 5.0, 5.0, 5.0], [2, 3]);
+        /// let y = x.layer_norm(&[-1], None, None, 1e-5).to_vec::<f64>()?;
+        /// let r = 1.0 / (2.0f64 / 3.0 + 1e-5).sqrt();   // 1 / sqrt(var + eps) of [1, 2, 3]
+        /// assert!((y[0] + r).abs() < 1e-12 && y[1].abs() < 1e-12 && (y[2] - r).abs() < 1e-12);
+        /// assert_eq!(&y[3..], &[0.0, 0.0, 0.0]);       // a constant row
+        /// # m.close();
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn layer_norm,
+        /// [`NDArray::layer_norm`]. Errors: `UnsupportedDType` (not F32/F64),
+        /// `DTypeMismatch`, `AxisOutOfRange`, `InvalidArgument` (no axes, a repeated axis,
+        /// a negative or NaN `eps`), `ShapeMismatch` (gamma or beta does not broadcast to
+        /// `x`'s shape), `Closed`.
+        pub fn try_layer_norm(self, axes: &[isize], gamma: Option<NDArray>, beta: Option<NDArray>, eps: f64) -> NDArray {
+            layer_norm_impl(self, axes, gamma, beta, eps, Location::caller())
+        }
     }
 
-    /// [`NDArray::layer_norm`]. Errors: `UnsupportedDType` (not F32/F64),
-    /// `DTypeMismatch`, `AxisOutOfRange`, `InvalidArgument` (no axes, a repeated axis,
-    /// a negative or NaN `eps`), `ShapeMismatch` (gamma or beta does not broadcast to
-    /// `x`'s shape), `Closed`.
-    #[track_caller]
-    pub fn try_layer_norm(
-        self,
-        axes: &[isize],
-        gamma: Option<NDArray>,
-        beta: Option<NDArray>,
-        eps: f64,
-    ) -> Result<NDArray> {
-        layer_norm_impl(self, axes, gamma, beta, eps, Location::caller())
-    }
-
-    /// Batch normalisation of `[N, C]` or `[N, C, ...]` (channels on axis 1), as
-    /// PyTorch's `batch_norm`. Training: each channel is normalised with the batch's
-    /// mean and biased variance (over every axis but 1), and the running statistics
-    /// `[C]` are updated **in place**: `running = (1 - momentum) * running + momentum *
-    /// batch`, with the unbiased batch variance for `running_var`. Inference: the
-    /// running statistics normalise and are left unchanged. Then `* gamma + beta`
-    /// (`[C]` each) where given. Differentiable in `x`, `gamma` and `beta` (the running
-    /// statistics get no gradient). F32/F64 only. Panics on failure.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1.0f64, 10.0, 3.0, 30.0], [2, 2]);   // 2 samples, 2 channels
-    /// let (rm, rv) = (m.zeros([2], DType::F64), m.ones([2], DType::F64));
-    /// let y = x.batch_norm(rm, rv, None, None, true, 0.1, 0.0);
-    /// let close = |a: Vec<f64>, b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-12);
-    /// assert!(close(y.to_vec::<f64>()?, &[-1.0, -1.0, 1.0, 1.0]));
-    /// assert!(close(rm.to_vec::<f64>()?, &[0.2, 2.0]));    // 0.9 * 0 + 0.1 * batch mean
-    /// // 0.9 * 1 + 0.1 * unbiased batch variance (2 and 200)
-    /// assert!(close(rv.to_vec::<f64>()?, &[1.1, 20.9]));
-    /// # m.close();
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    #[allow(clippy::too_many_arguments)]
-    pub fn batch_norm(
-        self,
-        running_mean: NDArray,
-        running_var: NDArray,
-        gamma: Option<NDArray>,
-        beta: Option<NDArray>,
-        training: bool,
-        momentum: f64,
-        eps: f64,
-    ) -> NDArray {
-        unwrap(batch_norm_impl(
-            self,
-            running_mean,
-            running_var,
-            gamma,
-            beta,
-            training,
-            momentum,
-            eps,
-            Location::caller(),
-        ))
-    }
-
-    /// [`NDArray::batch_norm`]. Errors: `UnsupportedDType` (not F32/F64),
-    /// `DTypeMismatch`, `InvalidArgument` (fewer than 2 axes, statistics or gamma/beta
-    /// not `[C]`, one value per channel in training, a negative or NaN `eps`, a
-    /// non-finite momentum, running statistics the recording tape depends on), `Closed`.
-    /// On error nothing is updated.
-    #[track_caller]
-    #[allow(clippy::too_many_arguments)]
-    pub fn try_batch_norm(
-        self,
-        running_mean: NDArray,
-        running_var: NDArray,
-        gamma: Option<NDArray>,
-        beta: Option<NDArray>,
-        training: bool,
-        momentum: f64,
-        eps: f64,
-    ) -> Result<NDArray> {
-        batch_norm_impl(
-            self,
-            running_mean,
-            running_var,
-            gamma,
-            beta,
-            training,
-            momentum,
-            eps,
-            Location::caller(),
-        )
+    twins! {
+        /// Batch normalisation of `[N, C]` or `[N, C, ...]` (channels on axis 1), as
+        /// PyTorch's `batch_norm`. Training: each channel is normalised with the batch's
+        /// mean and biased variance (over every axis but 1), and the running statistics
+        /// `[C]` are updated **in place**: `running = (1 - momentum) * running + momentum *
+        /// batch`, with the unbiased batch variance for `running_var`. Inference: the
+        /// running statistics normalise and are left unchanged. Then `* gamma + beta`
+        /// (`[C]` each) where given. Differentiable in `x`, `gamma` and `beta` (the running
+        /// statistics get no gradient). F32/F64 only. Panics on failure.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1.0f64, 10.0, 3.0, 30.0], [2, 2]);   // 2 samples, 2 channels
+        /// let (rm, rv) = (m.zeros([2], DType::F64), m.ones([2], DType::F64));
+        /// let y = x.batch_norm(rm, rv, None, None, true, 0.1, 0.0);
+        /// let close = |a: Vec<f64>, b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-12);
+        /// assert!(close(y.to_vec::<f64>()?, &[-1.0, -1.0, 1.0, 1.0]));
+        /// assert!(close(rm.to_vec::<f64>()?, &[0.2, 2.0]));    // 0.9 * 0 + 0.1 * batch mean
+        /// // 0.9 * 1 + 0.1 * unbiased batch variance (2 and 200)
+        /// assert!(close(rv.to_vec::<f64>()?, &[1.1, 20.9]));
+        /// # m.close();
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        #[allow(clippy::too_many_arguments)]
+        pub fn batch_norm,
+        /// [`NDArray::batch_norm`]. Errors: `UnsupportedDType` (not F32/F64),
+        /// `DTypeMismatch`, `InvalidArgument` (fewer than 2 axes, statistics or gamma/beta
+        /// not `[C]`, one value per channel in training, a negative or NaN `eps`, a
+        /// non-finite momentum, running statistics the recording tape depends on), `Closed`.
+        /// On error nothing is updated.
+        #[allow(clippy::too_many_arguments)]
+        pub fn try_batch_norm(self, running_mean: NDArray, running_var: NDArray, gamma: Option<NDArray>, beta: Option<NDArray>, training: bool, momentum: f64, eps: f64) -> NDArray {
+            batch_norm_impl(
+                self,
+                running_mean,
+                running_var,
+                gamma,
+                beta,
+                training,
+                momentum,
+                eps,
+                Location::caller(),
+            )
+        }
     }
 }

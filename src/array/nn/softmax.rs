@@ -7,7 +7,7 @@ use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu::nn::softmax_kernel;
 use crate::dtype::dispatch_float;
 use crate::engine::{self, Output};
-use crate::error::{Result, SourceLocation, unwrap};
+use crate::error::{Result, SourceLocation, twins};
 use smallvec::smallvec;
 use std::panic::Location;
 
@@ -53,31 +53,25 @@ impl Backward for SoftmaxRule {
 }
 
 impl NDArray {
-    /// Softmax along `axis` (negative counts from the end): `exp(x - max) / sum(exp(x -
-    /// max))`, stable for large inputs. Float dtypes only. Panics on failure.
-    #[track_caller]
-    pub fn softmax(self, axis: isize) -> NDArray {
-        unwrap(softmax_impl(self, axis, false, Location::caller()))
+    twins! {
+        /// Softmax along `axis` (negative counts from the end): `exp(x - max) / sum(exp(x -
+        /// max))`, stable for large inputs. Float dtypes only. Panics on failure.
+        pub fn softmax,
+        /// [`NDArray::softmax`]. Errors: `UnsupportedDType` (not a float), `AxisOutOfRange`,
+        /// `Closed`.
+        pub fn try_softmax(self, axis: isize) -> NDArray {
+            softmax_impl(self, axis, false, Location::caller())
+        }
     }
 
-    /// [`NDArray::softmax`]. Errors: `UnsupportedDType` (not a float), `AxisOutOfRange`,
-    /// `Closed`.
-    #[track_caller]
-    pub fn try_softmax(self, axis: isize) -> Result<NDArray> {
-        softmax_impl(self, axis, false, Location::caller())
-    }
-
-    /// Log-softmax along `axis`: `x - max - ln(sum(exp(x - max)))`, finite for large
-    /// inputs. Float dtypes only. Panics on failure.
-    #[track_caller]
-    pub fn log_softmax(self, axis: isize) -> NDArray {
-        unwrap(softmax_impl(self, axis, true, Location::caller()))
-    }
-
-    /// [`NDArray::log_softmax`]. Errors: `UnsupportedDType` (not a float),
-    /// `AxisOutOfRange`, `Closed`.
-    #[track_caller]
-    pub fn try_log_softmax(self, axis: isize) -> Result<NDArray> {
-        softmax_impl(self, axis, true, Location::caller())
+    twins! {
+        /// Log-softmax along `axis`: `x - max - ln(sum(exp(x - max)))`, finite for large
+        /// inputs. Float dtypes only. Panics on failure.
+        pub fn log_softmax,
+        /// [`NDArray::log_softmax`]. Errors: `UnsupportedDType` (not a float),
+        /// `AxisOutOfRange`, `Closed`.
+        pub fn try_log_softmax(self, axis: isize) -> NDArray {
+            softmax_impl(self, axis, true, Location::caller())
+        }
     }
 }

@@ -18,7 +18,7 @@ use crate::backend::cpu::copy::copy_strided;
 use crate::backend::cpu::new_filled;
 use crate::dtype::{Native, dispatch};
 use crate::engine::{self, Layout, Operand, Output};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins, unwrap};
 use crate::layout::Strides;
 use crate::shape::Dims;
 use crate::{DType, Shape};
@@ -376,194 +376,167 @@ fn to_dtype(x: NDArray, dtype: DType, at: SourceLocation) -> Result<NDArray> {
 }
 
 impl NDArray {
-    /// The same elements with another shape of the same size (numpy's `reshape`).
-    ///
-    /// A view sharing storage when the array is contiguous; otherwise (e.g. after
-    /// `transpose`) a contiguous copy. Panics on error (see [`NDArray::try_reshape`]).
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let a = m.create(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3]);
-    /// let b = a.reshape([3, 2]);
-    /// assert_eq!(b.shape().dims(), &[3, 2]);
-    /// assert_eq!(b.to_vec::<f32>()?, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-    /// assert_eq!(m.memory().live_buffers, 1); // b is a view of a
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn reshape(self, shape: impl Into<Shape>) -> NDArray {
-        unwrap(reshape(self, shape.into(), Location::caller()))
+    twins! {
+        /// The same elements with another shape of the same size (numpy's `reshape`).
+        ///
+        /// A view sharing storage when the array is contiguous; otherwise (e.g. after
+        /// `transpose`) a contiguous copy. Panics on error (see [`NDArray::try_reshape`]).
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let a = m.create(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3]);
+        /// let b = a.reshape([3, 2]);
+        /// assert_eq!(b.shape().dims(), &[3, 2]);
+        /// assert_eq!(b.to_vec::<f32>()?, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        /// assert_eq!(m.memory().live_buffers, 1); // b is a view of a
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn reshape,
+        /// [`NDArray::reshape`]. Errors: `InvalidShape` when the element counts differ,
+        /// `Closed`, `ManagerClosed`/`ManagerCapped`.
+        pub fn try_reshape(self, shape: impl Into<Shape>) -> NDArray {
+            reshape(self, shape.into(), Location::caller())
+        }
     }
 
-    /// [`NDArray::reshape`]. Errors: `InvalidShape` when the element counts differ,
-    /// `Closed`, `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_reshape(self, shape: impl Into<Shape>) -> Result<NDArray> {
-        reshape(self, shape.into(), Location::caller())
+    twins! {
+        /// Reshape where one dimension may be `-1`, inferred from the element count
+        /// (numpy's `reshape(-1, 2)`). Panics on error.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let a = m.arange(0.0, 6.0, 1.0, DType::F32);
+        /// assert_eq!(a.reshape_infer(&[-1, 2]).shape().dims(), &[3, 2]);
+        /// ```
+        pub fn reshape_infer,
+        /// [`NDArray::reshape_infer`]. Errors: `InvalidShape` (more than one `-1`, other
+        /// negative dims, element counts that do not divide), `Closed`.
+        pub fn try_reshape_infer(self, dims: &[isize]) -> NDArray {
+            reshape_infer(self, dims, Location::caller())
+        }
     }
 
-    /// Reshape where one dimension may be `-1`, inferred from the element count
-    /// (numpy's `reshape(-1, 2)`). Panics on error.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let a = m.arange(0.0, 6.0, 1.0, DType::F32);
-    /// assert_eq!(a.reshape_infer(&[-1, 2]).shape().dims(), &[3, 2]);
-    /// ```
-    #[track_caller]
-    pub fn reshape_infer(self, dims: &[isize]) -> NDArray {
-        unwrap(reshape_infer(self, dims, Location::caller()))
-    }
-
-    /// [`NDArray::reshape_infer`]. Errors: `InvalidShape` (more than one `-1`, other
-    /// negative dims, element counts that do not divide), `Closed`.
-    #[track_caller]
-    pub fn try_reshape_infer(self, dims: &[isize]) -> Result<NDArray> {
-        reshape_infer(self, dims, Location::caller())
-    }
-
-    /// A 1-D view (or copy, when not contiguous) of all elements in row-major order.
-    /// Panics on error.
-    #[track_caller]
-    pub fn flatten(self) -> NDArray {
-        unwrap(self.try_flatten_at(Location::caller()))
-    }
-
-    /// [`NDArray::flatten`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_flatten(self) -> Result<NDArray> {
-        self.try_flatten_at(Location::caller())
+    twins! {
+        /// A 1-D view (or copy, when not contiguous) of all elements in row-major order.
+        /// Panics on error.
+        pub fn flatten,
+        /// [`NDArray::flatten`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+        pub fn try_flatten(self) -> NDArray {
+            self.try_flatten_at(Location::caller())
+        }
     }
 
     fn try_flatten_at(self, at: SourceLocation) -> Result<NDArray> {
         reshape(self, Shape::from([self.try_shape()?.size()]), at)
     }
 
-    /// A view with the axes reversed (a matrix transpose for 2-D arrays). Panics on
-    /// error.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let a = m.create(&[1, 2, 3, 4, 5, 6], [2, 3]);
-    /// let t = a.transpose();
-    /// assert_eq!(t.shape().dims(), &[3, 2]);
-    /// assert_eq!(t.to_vec::<i32>()?, vec![1, 4, 2, 5, 3, 6]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn transpose(self) -> NDArray {
-        unwrap(permute(self, None, Location::caller()))
+    twins! {
+        /// A view with the axes reversed (a matrix transpose for 2-D arrays). Panics on
+        /// error.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let a = m.create(&[1, 2, 3, 4, 5, 6], [2, 3]);
+        /// let t = a.transpose();
+        /// assert_eq!(t.shape().dims(), &[3, 2]);
+        /// assert_eq!(t.to_vec::<i32>()?, vec![1, 4, 2, 5, 3, 6]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn transpose,
+        /// [`NDArray::transpose`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+        pub fn try_transpose(self) -> NDArray {
+            permute(self, None, Location::caller())
+        }
     }
 
-    /// [`NDArray::transpose`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_transpose(self) -> Result<NDArray> {
-        permute(self, None, Location::caller())
+    twins! {
+        /// A view with axis `i` of the result being axis `axes[i]` of `self` (numpy's
+        /// `transpose(axes)`). Panics on error.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let a = m.zeros([2, 3, 4], DType::F32);
+        /// assert_eq!(a.permute(&[2, 0, 1]).shape().dims(), &[4, 2, 3]);
+        /// ```
+        pub fn permute,
+        /// [`NDArray::permute`]. Errors: `InvalidArgument` (wrong number of axes, repeated
+        /// axis), `AxisOutOfRange`, `Closed`.
+        pub fn try_permute(self, axes: &[usize]) -> NDArray {
+            permute(self, Some(axes), Location::caller())
+        }
     }
 
-    /// A view with axis `i` of the result being axis `axes[i]` of `self` (numpy's
-    /// `transpose(axes)`). Panics on error.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let a = m.zeros([2, 3, 4], DType::F32);
-    /// assert_eq!(a.permute(&[2, 0, 1]).shape().dims(), &[4, 2, 3]);
-    /// ```
-    #[track_caller]
-    pub fn permute(self, axes: &[usize]) -> NDArray {
-        unwrap(permute(self, Some(axes), Location::caller()))
+    twins! {
+        /// A view with a new size-1 axis at position `axis` of the result (negative counts
+        /// from the end: `-1` appends). Panics on error.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let a = m.zeros([2, 3], DType::F32);
+        /// assert_eq!(a.expand_dims(0).shape().dims(), &[1, 2, 3]);
+        /// assert_eq!(a.expand_dims(-1).shape().dims(), &[2, 3, 1]);
+        /// ```
+        pub fn expand_dims,
+        /// [`NDArray::expand_dims`]. Errors: `AxisOutOfRange` (outside
+        /// `-(ndim+1)..=ndim`), `Closed`.
+        pub fn try_expand_dims(self, axis: isize) -> NDArray {
+            expand_dims(self, axis, Location::caller())
+        }
     }
 
-    /// [`NDArray::permute`]. Errors: `InvalidArgument` (wrong number of axes, repeated
-    /// axis), `AxisOutOfRange`, `Closed`.
-    #[track_caller]
-    pub fn try_permute(self, axes: &[usize]) -> Result<NDArray> {
-        permute(self, Some(axes), Location::caller())
+    twins! {
+        /// A view without its size-1 axes. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let a = m.zeros([1, 3, 1], DType::F32);
+        /// assert_eq!(a.squeeze().shape().dims(), &[3]);
+        /// assert_eq!(a.squeeze_axis(-1).shape().dims(), &[1, 3]);
+        /// ```
+        pub fn squeeze,
+        /// [`NDArray::squeeze`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+        pub fn try_squeeze(self) -> NDArray {
+            squeeze(self, None, Location::caller())
+        }
     }
 
-    /// A view with a new size-1 axis at position `axis` of the result (negative counts
-    /// from the end: `-1` appends). Panics on error.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let a = m.zeros([2, 3], DType::F32);
-    /// assert_eq!(a.expand_dims(0).shape().dims(), &[1, 2, 3]);
-    /// assert_eq!(a.expand_dims(-1).shape().dims(), &[2, 3, 1]);
-    /// ```
-    #[track_caller]
-    pub fn expand_dims(self, axis: isize) -> NDArray {
-        unwrap(expand_dims(self, axis, Location::caller()))
+    twins! {
+        /// A view without axis `axis` (negative counts from the end), which must have
+        /// size 1. Panics on error.
+        pub fn squeeze_axis,
+        /// [`NDArray::squeeze_axis`]. Errors: `AxisOutOfRange`, `InvalidShape` (the axis
+        /// is not of size 1), `Closed`.
+        pub fn try_squeeze_axis(self, axis: isize) -> NDArray {
+            squeeze(self, Some(axis), Location::caller())
+        }
     }
 
-    /// [`NDArray::expand_dims`]. Errors: `AxisOutOfRange` (outside
-    /// `-(ndim+1)..=ndim`), `Closed`.
-    #[track_caller]
-    pub fn try_expand_dims(self, axis: isize) -> Result<NDArray> {
-        expand_dims(self, axis, Location::caller())
-    }
-
-    /// A view without its size-1 axes. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let a = m.zeros([1, 3, 1], DType::F32);
-    /// assert_eq!(a.squeeze().shape().dims(), &[3]);
-    /// assert_eq!(a.squeeze_axis(-1).shape().dims(), &[1, 3]);
-    /// ```
-    #[track_caller]
-    pub fn squeeze(self) -> NDArray {
-        unwrap(squeeze(self, None, Location::caller()))
-    }
-
-    /// [`NDArray::squeeze`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_squeeze(self) -> Result<NDArray> {
-        squeeze(self, None, Location::caller())
-    }
-
-    /// A view without axis `axis` (negative counts from the end), which must have
-    /// size 1. Panics on error.
-    #[track_caller]
-    pub fn squeeze_axis(self, axis: isize) -> NDArray {
-        unwrap(squeeze(self, Some(axis), Location::caller()))
-    }
-
-    /// [`NDArray::squeeze_axis`]. Errors: `AxisOutOfRange`, `InvalidShape` (the axis
-    /// is not of size 1), `Closed`.
-    #[track_caller]
-    pub fn try_squeeze_axis(self, axis: isize) -> Result<NDArray> {
-        squeeze(self, Some(axis), Location::caller())
-    }
-
-    /// A new array of `shape` holding `self` broadcast with numpy's rules.
-    ///
-    /// Unlike numpy this copies: a stride-0 view would make in-place writes through it
-    /// write one element many times, so ndscope never creates one. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let a = m.create(&[1, 2, 3], [3]);
-    /// let b = a.broadcast_to([2, 3]);
-    /// assert_eq!(b.to_vec::<i32>()?, vec![1, 2, 3, 1, 2, 3]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn broadcast_to(self, shape: impl Into<Shape>) -> NDArray {
-        unwrap(broadcast_to(self, shape.into(), Location::caller()))
-    }
-
-    /// [`NDArray::broadcast_to`]. Errors: `InvalidShape` when `self` does not broadcast
-    /// to `shape`, `Closed`, `OutOfMemory`.
-    #[track_caller]
-    pub fn try_broadcast_to(self, shape: impl Into<Shape>) -> Result<NDArray> {
-        broadcast_to(self, shape.into(), Location::caller())
+    twins! {
+        /// A new array of `shape` holding `self` broadcast with numpy's rules.
+        ///
+        /// Unlike numpy this copies: a stride-0 view would make in-place writes through it
+        /// write one element many times, so ndscope never creates one. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let a = m.create(&[1, 2, 3], [3]);
+        /// let b = a.broadcast_to([2, 3]);
+        /// assert_eq!(b.to_vec::<i32>()?, vec![1, 2, 3, 1, 2, 3]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn broadcast_to,
+        /// [`NDArray::broadcast_to`]. Errors: `InvalidShape` when `self` does not broadcast
+        /// to `shape`, `Closed`, `OutOfMemory`.
+        pub fn try_broadcast_to(self, shape: impl Into<Shape>) -> NDArray {
+            broadcast_to(self, shape.into(), Location::caller())
+        }
     }
 
     /// Join arrays along an existing axis (negative counts from the end) into a new
@@ -617,27 +590,24 @@ impl NDArray {
         stack(arrays, axis, Location::caller())
     }
 
-    /// A new array with the elements converted to `dtype` (floats to integers truncate
-    /// toward zero; anything to `Bool` is `x != 0`). Always copies. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let a = m.create(&[1.7f32, -2.5, 0.0], [3]);
-    /// assert_eq!(a.to_dtype(DType::I32).to_vec::<i32>()?, vec![1, -2, 0]);
-    /// assert_eq!(a.to_dtype(DType::Bool).to_vec::<bool>()?, vec![true, true, false]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn to_dtype(self, dtype: DType) -> NDArray {
-        unwrap(to_dtype(self, dtype, Location::caller()))
-    }
-
-    /// [`NDArray::to_dtype`]. Errors: `Closed`, `OutOfMemory`,
-    /// `ManagerClosed`/`ManagerCapped`.
-    #[track_caller]
-    pub fn try_to_dtype(self, dtype: DType) -> Result<NDArray> {
-        to_dtype(self, dtype, Location::caller())
+    twins! {
+        /// A new array with the elements converted to `dtype` (floats to integers truncate
+        /// toward zero; anything to `Bool` is `x != 0`). Always copies. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let a = m.create(&[1.7f32, -2.5, 0.0], [3]);
+        /// assert_eq!(a.to_dtype(DType::I32).to_vec::<i32>()?, vec![1, -2, 0]);
+        /// assert_eq!(a.to_dtype(DType::Bool).to_vec::<bool>()?, vec![true, true, false]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn to_dtype,
+        /// [`NDArray::to_dtype`]. Errors: `Closed`, `OutOfMemory`,
+        /// `ManagerClosed`/`ManagerCapped`.
+        pub fn try_to_dtype(self, dtype: DType) -> NDArray {
+            to_dtype(self, dtype, Location::caller())
+        }
     }
 }
 

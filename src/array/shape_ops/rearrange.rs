@@ -14,7 +14,7 @@ use crate::backend::cpu::gather::index_select_kernel;
 use crate::backend::cpu::new_overwritten;
 use crate::dtype::dispatch;
 use crate::engine::{self, Output};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins};
 use crate::layout::Strides;
 use crate::shape::{Dims, Shape};
 use smallvec::smallvec;
@@ -460,253 +460,220 @@ fn full_like(x: NDArray, value: f64, at: SourceLocation) -> Result<NDArray> {
 }
 
 impl NDArray {
-    /// Split into `sections` equal parts along `axis` (negative counts from the end):
-    /// numpy's `split(x, sections, axis)`, PyTorch's `chunk` for a divisible size. The
-    /// parts are views sharing `self`'s storage. An axis whose size `sections` does not
-    /// divide is an error (numpy's `array_split` would make unequal parts).
-    /// Differentiable: each part's gradient lands in its slice of the input. Panics on
-    /// error.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let x = m.arange(0.0, 6.0, 1.0, DType::F32).reshape([2, 3]);
-    /// let cols = x.split(3, -1);
-    /// assert_eq!(cols.len(), 3);
-    /// assert_eq!(cols[1].to_vec::<f32>()?, vec![1.0, 4.0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn split(self, sections: usize, axis: isize) -> Vec<NDArray> {
-        unwrap(split(self, sections, axis, Location::caller()))
+    twins! {
+        /// Split into `sections` equal parts along `axis` (negative counts from the end):
+        /// numpy's `split(x, sections, axis)`, PyTorch's `chunk` for a divisible size. The
+        /// parts are views sharing `self`'s storage. An axis whose size `sections` does not
+        /// divide is an error (numpy's `array_split` would make unequal parts).
+        /// Differentiable: each part's gradient lands in its slice of the input. Panics on
+        /// error.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let x = m.arange(0.0, 6.0, 1.0, DType::F32).reshape([2, 3]);
+        /// let cols = x.split(3, -1);
+        /// assert_eq!(cols.len(), 3);
+        /// assert_eq!(cols[1].to_vec::<f32>()?, vec![1.0, 4.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn split,
+        /// [`NDArray::split`]. Errors: `InvalidArgument` (`sections` is 0 or does not
+        /// divide the axis), `AxisOutOfRange` (also for a 0-d array), `Closed`. Nothing is
+        /// created on error.
+        pub fn try_split(self, sections: usize, axis: isize) -> Vec<NDArray> {
+            split(self, sections, axis, Location::caller())
+        }
     }
 
-    /// [`NDArray::split`]. Errors: `InvalidArgument` (`sections` is 0 or does not
-    /// divide the axis), `AxisOutOfRange` (also for a 0-d array), `Closed`. Nothing is
-    /// created on error.
-    #[track_caller]
-    pub fn try_split(self, sections: usize, axis: isize) -> Result<Vec<NDArray>> {
-        split(self, sections, axis, Location::caller())
+    twins! {
+        /// Repeat each element `repeats` times along `axis` (numpy's `repeat(x, repeats,
+        /// axis)`, PyTorch's `repeat_interleave`): `[1, 2]` becomes `[1, 1, 2, 2]`. Every
+        /// dtype; `repeats == 0` gives an empty axis. Differentiable. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1, 2, 3, 4], [2, 2]);
+        /// assert_eq!(x.repeat(2, 0).to_vec::<i32>()?, vec![1, 2, 1, 2, 3, 4, 3, 4]);
+        /// assert_eq!(x.repeat(2, -1).to_vec::<i32>()?, vec![1, 1, 2, 2, 3, 3, 4, 4]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn repeat,
+        /// [`NDArray::repeat`]. Errors: `AxisOutOfRange` (also for a 0-d array),
+        /// `InvalidShape` (the result is too large), `Closed`.
+        pub fn try_repeat(self, repeats: usize, axis: isize) -> NDArray {
+            repeat(self, repeats, axis, Location::caller())
+        }
     }
 
-    /// Repeat each element `repeats` times along `axis` (numpy's `repeat(x, repeats,
-    /// axis)`, PyTorch's `repeat_interleave`): `[1, 2]` becomes `[1, 1, 2, 2]`. Every
-    /// dtype; `repeats == 0` gives an empty axis. Differentiable. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1, 2, 3, 4], [2, 2]);
-    /// assert_eq!(x.repeat(2, 0).to_vec::<i32>()?, vec![1, 2, 1, 2, 3, 4, 3, 4]);
-    /// assert_eq!(x.repeat(2, -1).to_vec::<i32>()?, vec![1, 1, 2, 2, 3, 3, 4, 4]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn repeat(self, repeats: usize, axis: isize) -> NDArray {
-        unwrap(repeat(self, repeats, axis, Location::caller()))
+    twins! {
+        /// The whole array repeated `reps[d]` times along each axis (numpy's `tile`): when
+        /// `reps` is shorter than the shape it is padded with leading 1s; when longer, the
+        /// array gets leading size-1 axes. Every dtype. Differentiable. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1, 2], [2]);
+        /// assert_eq!(x.tile(&[3]).to_vec::<i32>()?, vec![1, 2, 1, 2, 1, 2]);
+        /// let t = x.tile(&[2, 1]);
+        /// assert_eq!(t.shape().dims(), &[2, 2]);
+        /// assert_eq!(t.to_vec::<i32>()?, vec![1, 2, 1, 2]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn tile,
+        /// [`NDArray::tile`]. Errors: `InvalidShape` (the result is too large), `Closed`.
+        pub fn try_tile(self, reps: &[usize]) -> NDArray {
+            tile(self, reps, Location::caller())
+        }
     }
 
-    /// [`NDArray::repeat`]. Errors: `AxisOutOfRange` (also for a 0-d array),
-    /// `InvalidShape` (the result is too large), `Closed`.
-    #[track_caller]
-    pub fn try_repeat(self, repeats: usize, axis: isize) -> Result<NDArray> {
-        repeat(self, repeats, axis, Location::caller())
+    twins! {
+        /// Pad with the constant `value`: `widths[d] = (before, after)` elements are added
+        /// along axis `d`, one pair per axis (numpy's `pad(x, widths,
+        /// constant_values=value)`). The value is converted to the dtype (integers truncate;
+        /// Bool stores `value != 0`). Differentiable: the gradient is the interior of `g`.
+        /// Panics on error.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1.0f32, 2.0], [1, 2]);
+        /// let p = x.pad(&[(1, 0), (0, 1)], 9.0);
+        /// assert_eq!(p.shape().dims(), &[2, 3]);
+        /// assert_eq!(p.to_vec::<f32>()?, vec![9.0, 9.0, 9.0, 1.0, 2.0, 9.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn pad,
+        /// [`NDArray::pad`]. Errors: `InvalidArgument` (not one pair per axis, or a NaN or
+        /// infinite value for an integer array), `InvalidShape` (too large), `Closed`.
+        pub fn try_pad(self, widths: &[(usize, usize)], value: f64) -> NDArray {
+            pad(self, widths, value, Location::caller())
+        }
     }
 
-    /// The whole array repeated `reps[d]` times along each axis (numpy's `tile`): when
-    /// `reps` is shorter than the shape it is padded with leading 1s; when longer, the
-    /// array gets leading size-1 axes. Every dtype. Differentiable. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1, 2], [2]);
-    /// assert_eq!(x.tile(&[3]).to_vec::<i32>()?, vec![1, 2, 1, 2, 1, 2]);
-    /// let t = x.tile(&[2, 1]);
-    /// assert_eq!(t.shape().dims(), &[2, 2]);
-    /// assert_eq!(t.to_vec::<i32>()?, vec![1, 2, 1, 2]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn tile(self, reps: &[usize]) -> NDArray {
-        unwrap(tile(self, reps, Location::caller()))
+    twins! {
+        /// A view with axes `a` and `b` exchanged (negative counts from the end; numpy's
+        /// `swapaxes`, PyTorch's `transpose(a, b)`). Differentiable. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let x = m.zeros([2, 3, 4], DType::F32);
+        /// assert_eq!(x.swap_axes(0, -1).shape().dims(), &[4, 3, 2]);
+        /// ```
+        pub fn swap_axes,
+        /// [`NDArray::swap_axes`]. Errors: `AxisOutOfRange`, `Closed`.
+        pub fn try_swap_axes(self, a: isize, b: isize) -> NDArray {
+            swap_axes(self, a, b, Location::caller())
+        }
     }
 
-    /// [`NDArray::tile`]. Errors: `InvalidShape` (the result is too large), `Closed`.
-    #[track_caller]
-    pub fn try_tile(self, reps: &[usize]) -> Result<NDArray> {
-        tile(self, reps, Location::caller())
+    twins! {
+        /// A view with the order of the elements reversed along each of `axes` (negative
+        /// counts from the end; numpy's `flip(x, axes)`). An empty list flips nothing
+        /// (numpy's `flip(x, axis=None)`, flipping all axes, is `flip(&[0, 1, ..])` here).
+        /// Differentiable. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1, 2, 3, 4, 5, 6], [2, 3]);
+        /// assert_eq!(x.flip(&[-1]).to_vec::<i32>()?, vec![3, 2, 1, 6, 5, 4]);
+        /// assert_eq!(x.flip(&[0, 1]).to_vec::<i32>()?, vec![6, 5, 4, 3, 2, 1]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn flip,
+        /// [`NDArray::flip`]. Errors: `AxisOutOfRange`, `InvalidArgument` (an axis
+        /// repeated), `Closed`.
+        pub fn try_flip(self, axes: &[isize]) -> NDArray {
+            flip(self, axes, Location::caller())
+        }
     }
 
-    /// Pad with the constant `value`: `widths[d] = (before, after)` elements are added
-    /// along axis `d`, one pair per axis (numpy's `pad(x, widths,
-    /// constant_values=value)`). The value is converted to the dtype (integers truncate;
-    /// Bool stores `value != 0`). Differentiable: the gradient is the interior of `g`.
-    /// Panics on error.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1.0f32, 2.0], [1, 2]);
-    /// let p = x.pad(&[(1, 0), (0, 1)], 9.0);
-    /// assert_eq!(p.shape().dims(), &[2, 3]);
-    /// assert_eq!(p.to_vec::<f32>()?, vec![9.0, 9.0, 9.0, 1.0, 2.0, 9.0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn pad(self, widths: &[(usize, usize)], value: f64) -> NDArray {
-        unwrap(pad(self, widths, value, Location::caller()))
+    twins! {
+        /// The lower triangle of the last two axes (batched over the others): element
+        /// `(.., i, j)` is kept when `j - i <= k`, else 0 (numpy's and PyTorch's `tril`;
+        /// `k = 0` is the main diagonal, `k < 0` below it). Every dtype (Bool: false).
+        /// Differentiable. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1, 2, 3, 4, 5, 6, 7, 8, 9], [3, 3]);
+        /// assert_eq!(x.tril(0).to_vec::<i32>()?, vec![1, 0, 0, 4, 5, 0, 7, 8, 9]);
+        /// assert_eq!(x.tril(-1).to_vec::<i32>()?, vec![0, 0, 0, 4, 0, 0, 7, 8, 0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn tril,
+        /// [`NDArray::tril`]. Errors: `InvalidShape` (fewer than 2 dims), `Closed`.
+        pub fn try_tril(self, k: i64) -> NDArray {
+            tri(self, k, true, Location::caller())
+        }
     }
 
-    /// [`NDArray::pad`]. Errors: `InvalidArgument` (not one pair per axis, or a NaN or
-    /// infinite value for an integer array), `InvalidShape` (too large), `Closed`.
-    #[track_caller]
-    pub fn try_pad(self, widths: &[(usize, usize)], value: f64) -> Result<NDArray> {
-        pad(self, widths, value, Location::caller())
+    twins! {
+        /// The upper triangle of the last two axes (batched): element `(.., i, j)` is kept
+        /// when `j - i >= k`, else 0 (numpy's and PyTorch's `triu`). Every dtype.
+        /// Differentiable. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1, 2, 3, 4], [2, 2]);
+        /// assert_eq!(x.triu(0).to_vec::<i32>()?, vec![1, 2, 0, 4]);
+        /// assert_eq!(x.triu(1).to_vec::<i32>()?, vec![0, 2, 0, 0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn triu,
+        /// [`NDArray::triu`]. Errors: `InvalidShape` (fewer than 2 dims), `Closed`.
+        pub fn try_triu(self, k: i64) -> NDArray {
+            tri(self, k, false, Location::caller())
+        }
     }
 
-    /// A view with axes `a` and `b` exchanged (negative counts from the end; numpy's
-    /// `swapaxes`, PyTorch's `transpose(a, b)`). Differentiable. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let x = m.zeros([2, 3, 4], DType::F32);
-    /// assert_eq!(x.swap_axes(0, -1).shape().dims(), &[4, 3, 2]);
-    /// ```
-    #[track_caller]
-    pub fn swap_axes(self, a: isize, b: isize) -> NDArray {
-        unwrap(swap_axes(self, a, b, Location::caller()))
+    twins! {
+        /// Zeros of `self`'s shape and dtype, owned by its manager. Not differentiable (the
+        /// result does not depend on `self`'s values). Panics if `self` is closed.
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let x = m.create(&[1.5f64, 2.5], [2]);
+        /// assert_eq!(x.zeros_like().to_vec::<f64>()?, vec![0.0, 0.0]);
+        /// assert_eq!(x.ones_like().to_vec::<f64>()?, vec![1.0, 1.0]);
+        /// assert_eq!(x.full_like(7.0).to_vec::<f64>()?, vec![7.0, 7.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn zeros_like,
+        /// [`NDArray::zeros_like`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+        /// Not differentiable: the values do not depend on `self`.
+        pub fn try_zeros_like(self) -> NDArray {
+            full_like(self, 0.0, Location::caller())
+        }
     }
 
-    /// [`NDArray::swap_axes`]. Errors: `AxisOutOfRange`, `Closed`.
-    #[track_caller]
-    pub fn try_swap_axes(self, a: isize, b: isize) -> Result<NDArray> {
-        swap_axes(self, a, b, Location::caller())
+    twins! {
+        /// Ones of `self`'s shape and dtype (Bool: true). Not differentiable. Panics if
+        /// `self` is closed.
+        pub fn ones_like,
+        /// [`NDArray::ones_like`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
+        /// Not differentiable: the values do not depend on `self`.
+        pub fn try_ones_like(self) -> NDArray {
+            full_like(self, 1.0, Location::caller())
+        }
     }
 
-    /// A view with the order of the elements reversed along each of `axes` (negative
-    /// counts from the end; numpy's `flip(x, axes)`). An empty list flips nothing
-    /// (numpy's `flip(x, axis=None)`, flipping all axes, is `flip(&[0, 1, ..])` here).
-    /// Differentiable. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1, 2, 3, 4, 5, 6], [2, 3]);
-    /// assert_eq!(x.flip(&[-1]).to_vec::<i32>()?, vec![3, 2, 1, 6, 5, 4]);
-    /// assert_eq!(x.flip(&[0, 1]).to_vec::<i32>()?, vec![6, 5, 4, 3, 2, 1]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn flip(self, axes: &[isize]) -> NDArray {
-        unwrap(flip(self, axes, Location::caller()))
-    }
-
-    /// [`NDArray::flip`]. Errors: `AxisOutOfRange`, `InvalidArgument` (an axis
-    /// repeated), `Closed`.
-    #[track_caller]
-    pub fn try_flip(self, axes: &[isize]) -> Result<NDArray> {
-        flip(self, axes, Location::caller())
-    }
-
-    /// The lower triangle of the last two axes (batched over the others): element
-    /// `(.., i, j)` is kept when `j - i <= k`, else 0 (numpy's and PyTorch's `tril`;
-    /// `k = 0` is the main diagonal, `k < 0` below it). Every dtype (Bool: false).
-    /// Differentiable. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1, 2, 3, 4, 5, 6, 7, 8, 9], [3, 3]);
-    /// assert_eq!(x.tril(0).to_vec::<i32>()?, vec![1, 0, 0, 4, 5, 0, 7, 8, 9]);
-    /// assert_eq!(x.tril(-1).to_vec::<i32>()?, vec![0, 0, 0, 4, 0, 0, 7, 8, 0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn tril(self, k: i64) -> NDArray {
-        unwrap(tri(self, k, true, Location::caller()))
-    }
-
-    /// [`NDArray::tril`]. Errors: `InvalidShape` (fewer than 2 dims), `Closed`.
-    #[track_caller]
-    pub fn try_tril(self, k: i64) -> Result<NDArray> {
-        tri(self, k, true, Location::caller())
-    }
-
-    /// The upper triangle of the last two axes (batched): element `(.., i, j)` is kept
-    /// when `j - i >= k`, else 0 (numpy's and PyTorch's `triu`). Every dtype.
-    /// Differentiable. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1, 2, 3, 4], [2, 2]);
-    /// assert_eq!(x.triu(0).to_vec::<i32>()?, vec![1, 2, 0, 4]);
-    /// assert_eq!(x.triu(1).to_vec::<i32>()?, vec![0, 2, 0, 0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn triu(self, k: i64) -> NDArray {
-        unwrap(tri(self, k, false, Location::caller()))
-    }
-
-    /// [`NDArray::triu`]. Errors: `InvalidShape` (fewer than 2 dims), `Closed`.
-    #[track_caller]
-    pub fn try_triu(self, k: i64) -> Result<NDArray> {
-        tri(self, k, false, Location::caller())
-    }
-
-    /// Zeros of `self`'s shape and dtype, owned by its manager. Not differentiable (the
-    /// result does not depend on `self`'s values). Panics if `self` is closed.
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let x = m.create(&[1.5f64, 2.5], [2]);
-    /// assert_eq!(x.zeros_like().to_vec::<f64>()?, vec![0.0, 0.0]);
-    /// assert_eq!(x.ones_like().to_vec::<f64>()?, vec![1.0, 1.0]);
-    /// assert_eq!(x.full_like(7.0).to_vec::<f64>()?, vec![7.0, 7.0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn zeros_like(self) -> NDArray {
-        unwrap(full_like(self, 0.0, Location::caller()))
-    }
-
-    /// [`NDArray::zeros_like`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
-    /// Not differentiable: the values do not depend on `self`.
-    #[track_caller]
-    pub fn try_zeros_like(self) -> Result<NDArray> {
-        full_like(self, 0.0, Location::caller())
-    }
-
-    /// Ones of `self`'s shape and dtype (Bool: true). Not differentiable. Panics if
-    /// `self` is closed.
-    #[track_caller]
-    pub fn ones_like(self) -> NDArray {
-        unwrap(full_like(self, 1.0, Location::caller()))
-    }
-
-    /// [`NDArray::ones_like`]. Errors: `Closed`, `ManagerClosed`/`ManagerCapped`.
-    /// Not differentiable: the values do not depend on `self`.
-    #[track_caller]
-    pub fn try_ones_like(self) -> Result<NDArray> {
-        full_like(self, 1.0, Location::caller())
-    }
-
-    /// `value` (converted to the dtype: integers truncate, Bool stores `value != 0`) in
-    /// an array of `self`'s shape and dtype. Not differentiable. Panics on error.
-    #[track_caller]
-    pub fn full_like(self, value: f64) -> NDArray {
-        unwrap(full_like(self, value, Location::caller()))
-    }
-
-    /// [`NDArray::full_like`]. Errors: `InvalidArgument` (a NaN or infinite value for
-    /// an integer array), `Closed`, `ManagerClosed`/`ManagerCapped`.
-    /// Not differentiable: the values do not depend on `self`.
-    #[track_caller]
-    pub fn try_full_like(self, value: f64) -> Result<NDArray> {
-        full_like(self, value, Location::caller())
+    twins! {
+        /// `value` (converted to the dtype: integers truncate, Bool stores `value != 0`) in
+        /// an array of `self`'s shape and dtype. Not differentiable. Panics on error.
+        pub fn full_like,
+        /// [`NDArray::full_like`]. Errors: `InvalidArgument` (a NaN or infinite value for
+        /// an integer array), `Closed`, `ManagerClosed`/`ManagerCapped`.
+        /// Not differentiable: the values do not depend on `self`.
+        pub fn try_full_like(self, value: f64) -> NDArray {
+            full_like(self, value, Location::caller())
+        }
     }
 }
