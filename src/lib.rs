@@ -230,6 +230,7 @@ pub mod io;
 mod layout;
 mod manager;
 pub mod nn;
+mod opkind;
 pub mod optim;
 #[doc = include_str!("../docs/ownership.md")]
 pub mod ownership {}

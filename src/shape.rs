@@ -170,6 +170,43 @@ impl From<&Shape> for Shape {
     }
 }
 
+/// The shape with the reduced `axes` (all when `None`; negative count from the end)
+/// kept as size 1, and the number of elements each output element reduces.
+pub(crate) fn keep_dims_shape(
+    shape: &Shape,
+    axes: &Option<SmallVec<[isize; 4]>>,
+) -> (Shape, usize) {
+    let nd = shape.ndim();
+    let norm: SmallVec<[usize; 4]> = match axes {
+        None => (0..nd).collect(),
+        Some(a) => a
+            .iter()
+            .map(|&x| {
+                if x < 0 {
+                    (x + nd as isize) as usize
+                } else {
+                    x as usize
+                }
+            })
+            .collect(),
+    };
+    let mut count = 1;
+    let dims: Dims = shape
+        .dims()
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| {
+            if norm.contains(&d) {
+                count *= n;
+                1
+            } else {
+                n
+            }
+        })
+        .collect();
+    (Shape(dims), count)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@
 //! into the contiguous result.
 
 use super::NDArray;
-use super::ops::{BinOp, Rhs, binary, same_dtype};
+use super::ops::{Rhs, binary, same_dtype};
 use crate::DType;
 use crate::autograd::{self, Rule};
 use crate::backend::cpu;
@@ -15,6 +15,7 @@ use crate::dtype::dispatch;
 use crate::engine::{self, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, twins};
 use crate::layout::{Strides, for_each_row};
+use crate::opkind::BinOp;
 use crate::shape::{Dims, Shape};
 use rayon::prelude::*;
 use smallvec::SmallVec;

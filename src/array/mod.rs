@@ -11,6 +11,7 @@ mod conv;
 mod display;
 mod dropout;
 pub(crate) mod gather;
+mod grad_rules;
 mod index;
 pub(crate) mod linalg;
 mod logical;
@@ -23,7 +24,6 @@ mod stats;
 mod unary;
 
 pub use ops::Rhs;
-pub(crate) use ops::{BinOp, UnOp};
 
 use crate::backend::cpu;
 use crate::dtype::{Element, dispatch};

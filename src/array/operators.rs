@@ -7,9 +7,10 @@
 //! the error instead.
 
 use super::NDArray;
-use super::ops::{BinOp, Rhs, UnOp, binary, binary_inplace, unary};
+use super::ops::{Rhs, binary, binary_inplace, unary};
 use crate::dtype::Scalar;
 use crate::error::unwrap;
+use crate::opkind::{BinOp, UnOp};
 use std::ops::{Add, AddAssign, Div, DivAssign, Mul, MulAssign, Neg, Sub, SubAssign};
 use std::panic::Location;
 

@@ -7,6 +7,7 @@ use crate::backend::cpu;
 use crate::dtype::{Float, Native, Scalar, ScalarValue, dispatch, dispatch_float};
 use crate::engine::{self, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, twins};
+use crate::opkind::{BinOp, UnOp};
 use crate::{DType, Shape};
 use std::panic::Location;
 
@@ -36,31 +37,6 @@ impl<S: Scalar> From<S> for Rhs {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum BinOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Pow,
-    Maximum,
-    Minimum,
-}
-
-impl BinOp {
-    fn name(self) -> &'static str {
-        match self {
-            BinOp::Add => "add",
-            BinOp::Sub => "sub",
-            BinOp::Mul => "mul",
-            BinOp::Div => "div",
-            BinOp::Pow => "pow",
-            BinOp::Maximum => "maximum",
-            BinOp::Minimum => "minimum",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CmpOp {
     Eq,
     Ne,
@@ -79,39 +55,6 @@ impl CmpOp {
             CmpOp::Ge => "ge",
             CmpOp::Lt => "lt",
             CmpOp::Le => "le",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum UnOp {
-    Abs,
-    Neg,
-    Square,
-    Relu,
-    Exp,
-    Log,
-    Sqrt,
-    Sin,
-    Cos,
-    Tanh,
-    Sigmoid,
-}
-
-impl UnOp {
-    fn name(self) -> &'static str {
-        match self {
-            UnOp::Abs => "abs",
-            UnOp::Neg => "neg",
-            UnOp::Square => "square",
-            UnOp::Relu => "relu",
-            UnOp::Exp => "exp",
-            UnOp::Log => "log",
-            UnOp::Sqrt => "sqrt",
-            UnOp::Sin => "sin",
-            UnOp::Cos => "cos",
-            UnOp::Tanh => "tanh",
-            UnOp::Sigmoid => "sigmoid",
         }
     }
 }

@@ -5,7 +5,6 @@
 use super::NDArray;
 use super::reduce::{normalize_axes, normalize_axis, reduced_shape};
 use crate::DType;
-use crate::autograd::rules::keep_dims_shape;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu;
 use crate::backend::cpu::new_overwritten;
@@ -13,6 +12,7 @@ use crate::dtype::{Native, dispatch, dispatch_float};
 use crate::engine::{self, Buffer, Operand, Output};
 use crate::error::{Result, SourceLocation, twins};
 use crate::layout::{Strides, for_each_row};
+use crate::shape::keep_dims_shape;
 use crate::shape::{Dims, Shape};
 use smallvec::{SmallVec, smallvec};
 use std::panic::Location;

@@ -5,11 +5,11 @@
 //! arrays.
 
 use super::{LEAF, NO_SLOT, Node, ReduceKind, Rule, Tape};
-use crate::array::{BinOp, UnOp};
 use crate::backend::cpu;
 use crate::dtype::{Native, dispatch_float};
 use crate::engine::{self, ArrayId, Layout};
 use crate::error::{NdError, Result};
+use crate::opkind::{BinOp, UnOp};
 use crate::{DType, NDArray, NDManager, Shape};
 use smallvec::SmallVec;
 
@@ -30,7 +30,7 @@ enum Base {
     /// All ones of this shape (the seed and what `sum`/`mean`/`reshape` make of it).
     Ones(Shape),
     /// An array still to be summed over its broadcast axes to this shape
-    /// ([`unbroadcast`]): deferred so that a parameter's gradient, which gets it as
+    /// ([`NDArray::unbroadcast`]): deferred so that a parameter's gradient, which gets it as
     /// its only contribution, sums it in the kernel that adds it in (no array made).
     /// Made an array ([`G::settle`]) before anything else reads it.
     Unreduced(NDArray, Shape),
@@ -72,7 +72,7 @@ impl G {
     fn settle(self) -> Result<G> {
         match self.base {
             Base::Unreduced(a, shape) => Ok(G {
-                base: Base::Arr(unbroadcast(a, &shape)?),
+                base: Base::Arr(a.unbroadcast(&shape)?),
                 scale: self.scale,
             }),
             _ => Ok(self),
@@ -99,7 +99,7 @@ impl G {
         }
     }
 
-    /// [`unbroadcast`]: summed over broadcast axes to `shape`.
+    /// [`NDArray::unbroadcast`]: summed over broadcast axes to `shape`.
     fn unbroadcast(self, shape: &Shape) -> Result<G> {
         match self.base {
             Base::Ones(gs) => {
@@ -434,7 +434,7 @@ fn input_grads(node: &Node, g: G, env: &Env) -> Result<SmallVec<[Option<G>; 3]>>
         Rule::Matmul if !ones => {
             let Base::Arr(b) = g.base else { unreachable!() };
             let scale = g.scale;
-            let gs = input_grads_arr(node, b)?;
+            let gs = node.input_grads(b)?;
             return Ok(gs
                 .into_iter()
                 .map(|gi| gi.map(|a| G::arr(a).scaled(scale)))
@@ -454,10 +454,24 @@ fn input_grads(node: &Node, g: G, env: &Env) -> Result<SmallVec<[Option<G>; 3]>>
         _ => {}
     }
     let g = g.array(env)?;
-    Ok(input_grads_arr(node, g)?
+    Ok(node
+        .input_grads(g)?
         .into_iter()
         .map(|gi| gi.map(G::arr))
         .collect())
 }
 
-use super::rules::{arr, input_grads_arr, keep_dims_shape, nones, unbroadcast};
+use crate::shape::keep_dims_shape;
+
+/// `n` times `None` (without `from_elem`'s clones).
+fn nones<T>(n: usize) -> SmallVec<[Option<T>; 3]> {
+    let mut r = SmallVec::with_capacity(n);
+    for _ in 0..n {
+        r.push(None);
+    }
+    r
+}
+
+fn arr(id: ArrayId) -> NDArray {
+    NDArray { id }
+}

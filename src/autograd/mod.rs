@@ -67,7 +67,6 @@
 //! * One collector per thread at a time; recording covers only ops run on its thread.
 
 pub(crate) mod backward;
-pub(crate) mod rules;
 
 use crate::backend::cpu;
 use crate::dtype::{ScalarValue, dispatch};
@@ -81,7 +80,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::marker::PhantomData;
 
-pub(crate) use crate::array::{BinOp, UnOp};
+pub(crate) use crate::opkind::{BinOp, UnOp};
 
 /// What a tape node computed, with the constants its gradient rule needs.
 #[derive(Clone, Debug)]

@@ -1,21 +1,30 @@
-//! The gradient rule of every op recorded with a [`Rule`] variant: each maps the
-//! gradient `g` of a node's output to the gradients of the inputs that need one,
-//! written with ordinary ndscope ops (run unrecorded, inside the scope `backward`
-//! opens). A gradient whose input was broadcast is summed over the broadcast axes back
-//! to the input's shape ([`unbroadcast`]). The pass that walks the tape and calls these
-//! is in `backward.rs`.
+//! The gradient rules of the ops recorded with a [`Rule`] variant, beside the ops: each
+//! maps the gradient `g` of a node's output to the gradients of the inputs that need
+//! one, written with ordinary ndscope ops (run unrecorded, inside the scope `backward`
+//! opens), so they run wherever the ops run. A gradient whose input was broadcast is
+//! summed over the broadcast axes back to the input's shape
+//! ([`NDArray::unbroadcast`]). The pass that walks the tape (`autograd/backward.rs`)
+//! calls [`Node::input_grads`]; it imports nothing from here.
 
-use super::{Grads, Node, ReduceKind, Rule};
-use crate::array::linalg::matmul_t;
-use crate::array::{BinOp, UnOp};
+use super::linalg::matmul_t;
+use crate::autograd::{Grads, Node, ReduceKind, Rule};
 use crate::engine::ArrayId;
 use crate::error::Result;
-use crate::shape::Dims;
+use crate::opkind::{BinOp, UnOp};
+use crate::shape::{Dims, keep_dims_shape};
 use crate::{NDArray, Shape};
 use smallvec::SmallVec;
 
+impl NDArray {
+    /// `self` summed over the axes that broadcasting added or stretched so it has
+    /// `shape` (a gradient brought back to its input's shape).
+    pub(crate) fn unbroadcast(self, shape: &Shape) -> Result<NDArray> {
+        unbroadcast(self, shape)
+    }
+}
+
 /// Sum `g` over the axes that broadcasting added or stretched so it has `shape`.
-pub(crate) fn unbroadcast(g: NDArray, shape: &Shape) -> Result<NDArray> {
+fn unbroadcast(g: NDArray, shape: &Shape) -> Result<NDArray> {
     let gs = g.try_shape()?;
     if &gs == shape {
         return Ok(g);
@@ -55,43 +64,6 @@ fn masked(mask: NDArray, g: NDArray) -> Result<NDArray> {
     mask.try_where_(g, zero_like(g)?)
 }
 
-/// The shape with the reduced `axes` (all when `None`; negative count from the end)
-/// kept as size 1, and the number of elements each output element reduces.
-pub(crate) fn keep_dims_shape(
-    shape: &Shape,
-    axes: &Option<SmallVec<[isize; 4]>>,
-) -> (Shape, usize) {
-    let nd = shape.ndim();
-    let norm: SmallVec<[usize; 4]> = match axes {
-        None => (0..nd).collect(),
-        Some(a) => a
-            .iter()
-            .map(|&x| {
-                if x < 0 {
-                    (x + nd as isize) as usize
-                } else {
-                    x as usize
-                }
-            })
-            .collect(),
-    };
-    let mut count = 1;
-    let dims: Dims = shape
-        .dims()
-        .iter()
-        .enumerate()
-        .map(|(d, &n)| {
-            if norm.contains(&d) {
-                count *= n;
-                1
-            } else {
-                n
-            }
-        })
-        .collect();
-    (Shape(dims), count)
-}
-
 /// `g` (a product's gradient with the batch dimensions of both operands) summed to
 /// `shape`, an operand's shape whose batch dimensions are `batch` of `other`'s:
 /// nothing to do when the operand's batch dimensions are the broadcast ones.
@@ -106,7 +78,7 @@ fn unbroadcast_batch(g: NDArray, shape: &Shape, other: &Shape) -> Result<NDArray
 }
 
 /// `n` times `None` (without `from_elem`'s clones).
-pub(super) fn nones<T>(n: usize) -> SmallVec<[Option<T>; 3]> {
+fn nones<T>(n: usize) -> SmallVec<[Option<T>; 3]> {
     let mut r = SmallVec::with_capacity(n);
     for _ in 0..n {
         r.push(None);
@@ -114,13 +86,19 @@ pub(super) fn nones<T>(n: usize) -> SmallVec<[Option<T>; 3]> {
     r
 }
 
-pub(super) fn arr(id: ArrayId) -> NDArray {
+fn arr(id: ArrayId) -> NDArray {
     NDArray { id }
 }
 
-/// The gradients of `node`'s inputs (None where not needed) given its output's `g` as
-/// an array.
-pub(super) fn input_grads_arr(node: &Node, g: NDArray) -> Result<Grads> {
+impl Node {
+    /// The gradients of this node's inputs (None where not needed) given its output's
+    /// `g` as an array.
+    pub(crate) fn input_grads(&self, g: NDArray) -> Result<Grads> {
+        input_grads(self, g)
+    }
+}
+
+fn input_grads(node: &Node, g: NDArray) -> Result<Grads> {
     let need = |i: usize| node.needs & (1 << i) != 0;
     let x = arr(node.inputs[0]);
     let out = arr(node.output);
@@ -373,7 +351,7 @@ pub(super) fn input_grads_arr(node: &Node, g: NDArray) -> Result<Grads> {
         Rule::ToDType => r[0] = Some(g.try_to_dtype(x.try_dtype()?)?),
         Rule::Custom(b) => {
             let inputs: SmallVec<[NDArray; 3]> = node.inputs.iter().map(|&id| arr(id)).collect();
-            let cx = super::BackwardCtx {
+            let cx = crate::autograd::BackwardCtx {
                 inputs: &inputs,
                 shapes: &node.shapes,
                 output: out,
