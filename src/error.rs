@@ -354,15 +354,17 @@ pub(crate) fn unwrap<T>(r: Result<T>) -> T {
 /// }
 /// ```
 ///
-/// The body returns `Result<T>`; the twin returns `T`. Each invocation may hold several
-/// pairs.
+/// The body returns `Result<T>`; the twin returns `T`. The receiver is `self` or
+/// `&self`; each invocation may hold several pairs.
 macro_rules! twins {
-    ($(
+    () => {};
+    (
         $(#[$pm:meta])*
         $vis:vis fn $name:ident,
         $(#[$tm:meta])*
         $tvis:vis fn $try_name:ident($self:ident $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty $body:block
-    )+) => {$(
+        $($rest:tt)*
+    ) => {
         $(#[$pm])*
         #[track_caller]
         #[inline]
@@ -373,6 +375,28 @@ macro_rules! twins {
         $(#[$tm])*
         #[track_caller]
         $tvis fn $try_name($self $(, $arg: $ty)*) -> $crate::error::Result<$ret> $body
-    )+};
+
+        $crate::error::twins! { $($rest)* }
+    };
+    (
+        $(#[$pm:meta])*
+        $vis:vis fn $name:ident,
+        $(#[$tm:meta])*
+        $tvis:vis fn $try_name:ident(&$self:ident $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty $body:block
+        $($rest:tt)*
+    ) => {
+        $(#[$pm])*
+        #[track_caller]
+        #[inline]
+        $vis fn $name(&$self $(, $arg: $ty)*) -> $ret {
+            $crate::error::unwrap($self.$try_name($($arg),*))
+        }
+
+        $(#[$tm])*
+        #[track_caller]
+        $tvis fn $try_name(&$self $(, $arg: $ty)*) -> $crate::error::Result<$ret> $body
+
+        $crate::error::twins! { $($rest)* }
+    };
 }
 pub(crate) use twins;

@@ -7,7 +7,7 @@ use crate::diag::{MemoryStats, human_bytes};
 use crate::dtype::Element as _;
 use crate::dtype::{Element, Native, dispatch};
 use crate::engine::{self, MgrId, Resource};
-use crate::error::{NdError, Result, SourceLocation, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins, unwrap};
 use crate::random;
 use crate::{DType, NDArray, Shape};
 use std::fmt::Write as _;
@@ -89,16 +89,14 @@ impl NDManager {
         NDManager::system().new_sub_manager()
     }
 
-    /// A new child of this manager. Panics if this manager is closed.
-    #[track_caller]
-    pub fn new_sub_manager(&self) -> NDManager {
-        unwrap(self.try_new_sub_manager())
-    }
-
-    /// A new child of this manager, or `ManagerClosed`.
-    pub fn try_new_sub_manager(&self) -> Result<NDManager> {
-        let id = engine::new_manager(self.id, None)?;
-        Ok(NDManager { id })
+    twins! {
+        /// A new child of this manager. Panics if this manager is closed.
+        pub fn new_sub_manager,
+        /// A new child of this manager, or `ManagerClosed`.
+        pub fn try_new_sub_manager(&self) -> NDManager {
+            let id = engine::new_manager(self.id, None)?;
+            Ok(NDManager { id })
+        }
     }
 
     /// The parent manager (`None` for the system manager or a closed manager).
@@ -283,258 +281,189 @@ impl NDManager {
         unwrap(self.try_create(&[value], ()))
     }
 
-    /// An array of zeros.
-    #[track_caller]
-    pub fn zeros(&self, shape: impl Into<Shape>, dtype: DType) -> NDArray {
-        unwrap(self.try_zeros(shape, dtype))
-    }
-
-    /// An array of zeros, or an error for a closed/capped manager or bad shape.
-    #[track_caller]
-    pub fn try_zeros(&self, shape: impl Into<Shape>, dtype: DType) -> Result<NDArray> {
-        self.try_full(shape, 0.0, dtype)
-    }
-
-    /// An array of ones.
-    #[track_caller]
-    pub fn ones(&self, shape: impl Into<Shape>, dtype: DType) -> NDArray {
-        unwrap(self.try_ones(shape, dtype))
-    }
-
-    /// An array of ones, or an error.
-    #[track_caller]
-    pub fn try_ones(&self, shape: impl Into<Shape>, dtype: DType) -> Result<NDArray> {
-        self.try_full(shape, 1.0, dtype)
-    }
-
-    /// An array filled with `value` (converted to `dtype`).
-    #[track_caller]
-    pub fn full(&self, shape: impl Into<Shape>, value: f64, dtype: DType) -> NDArray {
-        unwrap(self.try_full(shape, value, dtype))
-    }
-
-    /// An array filled with `value`, or an error.
-    #[track_caller]
-    pub fn try_full(&self, shape: impl Into<Shape>, value: f64, dtype: DType) -> Result<NDArray> {
-        self.make("full", shape.into(), dtype, Location::caller(), |_| value)
-    }
-
-    /// `start, start + step, ...` below `stop` (numpy's `arange`), 1-D.
-    #[track_caller]
-    pub fn arange(&self, start: f64, stop: f64, step: f64, dtype: DType) -> NDArray {
-        unwrap(self.try_arange(start, stop, step, dtype))
-    }
-
-    /// [`NDManager::arange`], or `InvalidArgument` for a zero or non-finite step.
-    #[track_caller]
-    pub fn try_arange(&self, start: f64, stop: f64, step: f64, dtype: DType) -> Result<NDArray> {
-        if step == 0.0 || !step.is_finite() || !start.is_finite() || !stop.is_finite() {
-            return Err(NdError::invalid(
-                "arange",
-                format!(
-                    "start {start}, stop {stop}, step {step}: need finite values and a non-zero step"
-                ),
-            ));
+    twins! {
+        /// An array of zeros.
+        pub fn zeros,
+        /// An array of zeros, or an error for a closed/capped manager or bad shape.
+        pub fn try_zeros(&self, shape: impl Into<Shape>, dtype: DType) -> NDArray {
+            self.try_full(shape, 0.0, dtype)
         }
-        let n = ((stop - start) / step).ceil().max(0.0) as usize;
-        self.make("arange", Shape::from([n]), dtype, Location::caller(), |i| {
-            start + i as f64 * step
-        })
     }
 
-    /// `num` evenly spaced values from `start` to `stop` inclusive, 1-D.
-    #[track_caller]
-    pub fn linspace(&self, start: f64, stop: f64, num: usize, dtype: DType) -> NDArray {
-        unwrap(self.try_linspace(start, stop, num, dtype))
+    twins! {
+        /// An array of ones.
+        pub fn ones,
+        /// An array of ones, or an error.
+        pub fn try_ones(&self, shape: impl Into<Shape>, dtype: DType) -> NDArray {
+            self.try_full(shape, 1.0, dtype)
+        }
     }
 
-    /// [`NDManager::linspace`], or an error.
-    #[track_caller]
-    pub fn try_linspace(&self, start: f64, stop: f64, num: usize, dtype: DType) -> Result<NDArray> {
-        let step = if num > 1 {
-            (stop - start) / (num - 1) as f64
-        } else {
-            0.0
-        };
-        self.make(
-            "linspace",
-            Shape::from([num]),
-            dtype,
-            Location::caller(),
-            |i| {
-                if i + 1 == num && num > 1 {
-                    stop
-                } else {
-                    start + i as f64 * step
-                }
-            },
-        )
+    twins! {
+        /// An array filled with `value` (converted to `dtype`).
+        pub fn full,
+        /// An array filled with `value`, or an error.
+        pub fn try_full(&self, shape: impl Into<Shape>, value: f64, dtype: DType) -> NDArray {
+            self.make("full", shape.into(), dtype, Location::caller(), |_| value)
+        }
     }
 
-    /// The `n x n` identity matrix.
-    #[track_caller]
-    pub fn eye(&self, n: usize, dtype: DType) -> NDArray {
-        unwrap(self.try_eye(n, dtype))
-    }
-
-    /// [`NDManager::eye`], or an error.
-    #[track_caller]
-    pub fn try_eye(&self, n: usize, dtype: DType) -> Result<NDArray> {
-        self.make("eye", Shape::from([n, n]), dtype, Location::caller(), |i| {
-            (i / n.max(1) == i % n.max(1)) as u8 as f64
-        })
-    }
-
-    /// Samples of N(`loc`, `scale`²); seed with [`random::seed`].
-    #[track_caller]
-    pub fn random_normal(
-        &self,
-        loc: f64,
-        scale: f64,
-        shape: impl Into<Shape>,
-        dtype: DType,
-    ) -> NDArray {
-        unwrap(self.try_random_normal(loc, scale, shape, dtype))
-    }
-
-    /// [`NDManager::random_normal`], or an error (also for a negative or NaN scale).
-    #[track_caller]
-    pub fn try_random_normal(
-        &self,
-        loc: f64,
-        scale: f64,
-        shape: impl Into<Shape>,
-        dtype: DType,
-    ) -> Result<NDArray> {
-        let at = Location::caller();
-        let shape = shape.into();
-        let n = check_shape("random_normal", &shape, dtype)?;
-        let values = random::normal(loc, scale, n)?;
-        self.make("random_normal", shape, dtype, at, |i| values[i])
-    }
-
-    /// Samples of U[`low`, `high`).
-    #[track_caller]
-    pub fn random_uniform(
-        &self,
-        low: f64,
-        high: f64,
-        shape: impl Into<Shape>,
-        dtype: DType,
-    ) -> NDArray {
-        unwrap(self.try_random_uniform(low, high, shape, dtype))
-    }
-
-    /// [`NDManager::random_uniform`], or an error (also when `low > high` or either is
-    /// not finite).
-    #[track_caller]
-    pub fn try_random_uniform(
-        &self,
-        low: f64,
-        high: f64,
-        shape: impl Into<Shape>,
-        dtype: DType,
-    ) -> Result<NDArray> {
-        let at = Location::caller();
-        let shape = shape.into();
-        let n = check_shape("random_uniform", &shape, dtype)?;
-        let values = random::uniform(low, high, n)?;
-        self.make("random_uniform", shape, dtype, at, |i| values[i])
-    }
-
-    /// Uniform random integers in `[low, high)`.
-    #[track_caller]
-    pub fn random_integer(
-        &self,
-        low: i64,
-        high: i64,
-        shape: impl Into<Shape>,
-        dtype: DType,
-    ) -> NDArray {
-        unwrap(self.try_random_integer(low, high, shape, dtype))
-    }
-
-    /// [`NDManager::random_integer`], or an error when `low >= high`.
-    #[track_caller]
-    pub fn try_random_integer(
-        &self,
-        low: i64,
-        high: i64,
-        shape: impl Into<Shape>,
-        dtype: DType,
-    ) -> Result<NDArray> {
-        let at = Location::caller();
-        let shape = shape.into();
-        let n = check_shape("random_integer", &shape, dtype)?;
-        let values = random::integers(low, high, n)?;
-        engine::check_manager(self.id)?;
-        let buf = dispatch!(dtype, T => new_filled::<T>(n, |out| {
-            for (o, &v) in out.iter_mut().zip(&values) {
-                *o = T::from_i64(v);
+    twins! {
+        /// `start, start + step, ...` below `stop` (numpy's `arange`), 1-D.
+        pub fn arange,
+        /// [`NDManager::arange`], or `InvalidArgument` for a zero or non-finite step.
+        pub fn try_arange(&self, start: f64, stop: f64, step: f64, dtype: DType) -> NDArray {
+            if step == 0.0 || !step.is_finite() || !start.is_finite() || !stop.is_finite() {
+                return Err(NdError::invalid(
+                    "arange",
+                    format!(
+                        "start {start}, stop {stop}, step {step}: need finite values and a non-zero step"
+                    ),
+                ));
             }
-        }))?;
-        Ok(NDArray {
-            id: engine::create(self.id, buf, shape, dtype, at)?,
-        })
+            let n = ((stop - start) / step).ceil().max(0.0) as usize;
+            self.make("arange", Shape::from([n]), dtype, Location::caller(), |i| {
+                start + i as f64 * step
+            })
+        }
     }
 
-    /// A random permutation of `0..n` as a 1-D I64 array (numpy's
-    /// `random.permutation(n)`, PyTorch's `randperm`), for shuffling a data set.
-    /// Reproducible under [`random::seed`].
-    ///
-    /// ```
-    /// use ndscope::{NDManager, random};
-    /// let m = NDManager::new();
-    /// random::seed(3);
-    /// let p = m.random_permutation(5).to_vec::<i64>()?;
-    /// let mut sorted = p.clone();
-    /// sorted.sort();
-    /// assert_eq!(sorted, vec![0, 1, 2, 3, 4]);
-    /// random::seed(3);
-    /// assert_eq!(m.random_permutation(5).to_vec::<i64>()?, p);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn random_permutation(&self, n: usize) -> NDArray {
-        unwrap(self.try_random_permutation(n))
+    twins! {
+        /// `num` evenly spaced values from `start` to `stop` inclusive, 1-D.
+        pub fn linspace,
+        /// [`NDManager::linspace`], or an error.
+        pub fn try_linspace(&self, start: f64, stop: f64, num: usize, dtype: DType) -> NDArray {
+            let step = if num > 1 {
+                (stop - start) / (num - 1) as f64
+            } else {
+                0.0
+            };
+            self.make(
+                "linspace",
+                Shape::from([num]),
+                dtype,
+                Location::caller(),
+                |i| {
+                    if i + 1 == num && num > 1 {
+                        stop
+                    } else {
+                        start + i as f64 * step
+                    }
+                },
+            )
+        }
     }
 
-    /// [`NDManager::random_permutation`], or an error (`InvalidShape` for an `n` whose
-    /// array would not fit in memory, `ManagerClosed`/`ManagerCapped`).
-    #[track_caller]
-    pub fn try_random_permutation(&self, n: usize) -> Result<NDArray> {
-        let at = Location::caller();
-        let shape = Shape::from([n]);
-        check_shape("random_permutation", &shape, DType::I64)?;
-        engine::check_manager(self.id)?;
-        let values = random::permutation(n)?;
-        let buf = new_filled::<i64>(n, |out| out.copy_from_slice(&values))?;
-        Ok(NDArray {
-            id: engine::create(self.id, buf, shape, DType::I64, at)?,
-        })
+    twins! {
+        /// The `n x n` identity matrix.
+        pub fn eye,
+        /// [`NDManager::eye`], or an error.
+        pub fn try_eye(&self, n: usize, dtype: DType) -> NDArray {
+            self.make("eye", Shape::from([n, n]), dtype, Location::caller(), |i| {
+                (i / n.max(1) == i % n.max(1)) as u8 as f64
+            })
+        }
     }
 
-    /// A Bool array of `shape` whose elements are independently true with probability
-    /// `p` (PyTorch's `bernoulli`). Reproducible under [`random::seed`].
-    ///
-    /// ```
-    /// use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let b = m.random_bernoulli(1.0, [2, 2]);
-    /// assert_eq!(b.to_vec::<bool>()?, vec![true; 4]);
-    /// assert_eq!(m.random_bernoulli(0.0, [3]).to_vec::<bool>()?, vec![false; 3]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn random_bernoulli(&self, p: f64, shape: impl Into<Shape>) -> NDArray {
-        unwrap(self.try_random_bernoulli(p, shape))
+    twins! {
+        /// Samples of N(`loc`, `scale`²); seed with [`random::seed`].
+        pub fn random_normal,
+        /// [`NDManager::random_normal`], or an error (also for a negative or NaN scale).
+        pub fn try_random_normal(&self, loc: f64, scale: f64, shape: impl Into<Shape>, dtype: DType) -> NDArray {
+            let at = Location::caller();
+            let shape = shape.into();
+            let n = check_shape("random_normal", &shape, dtype)?;
+            let values = random::normal(loc, scale, n)?;
+            self.make("random_normal", shape, dtype, at, |i| values[i])
+        }
     }
 
-    /// [`NDManager::random_bernoulli`], or an error (`InvalidArgument` for a `p` outside
-    /// `[0, 1]` or NaN, `InvalidShape`, `ManagerClosed`/`ManagerCapped`).
-    #[track_caller]
-    pub fn try_random_bernoulli(&self, p: f64, shape: impl Into<Shape>) -> Result<NDArray> {
-        self.bernoulli_at("random_bernoulli", p, shape.into(), Location::caller())
+    twins! {
+        /// Samples of U[`low`, `high`).
+        pub fn random_uniform,
+        /// [`NDManager::random_uniform`], or an error (also when `low > high` or either is
+        /// not finite).
+        pub fn try_random_uniform(&self, low: f64, high: f64, shape: impl Into<Shape>, dtype: DType) -> NDArray {
+            let at = Location::caller();
+            let shape = shape.into();
+            let n = check_shape("random_uniform", &shape, dtype)?;
+            let values = random::uniform(low, high, n)?;
+            self.make("random_uniform", shape, dtype, at, |i| values[i])
+        }
+    }
+
+    twins! {
+        /// Uniform random integers in `[low, high)`.
+        pub fn random_integer,
+        /// [`NDManager::random_integer`], or an error when `low >= high`.
+        pub fn try_random_integer(&self, low: i64, high: i64, shape: impl Into<Shape>, dtype: DType) -> NDArray {
+            let at = Location::caller();
+            let shape = shape.into();
+            let n = check_shape("random_integer", &shape, dtype)?;
+            let values = random::integers(low, high, n)?;
+            engine::check_manager(self.id)?;
+            let buf = dispatch!(dtype, T => new_filled::<T>(n, |out| {
+                for (o, &v) in out.iter_mut().zip(&values) {
+                    *o = T::from_i64(v);
+                }
+            }))?;
+            Ok(NDArray {
+                id: engine::create(self.id, buf, shape, dtype, at)?,
+            })
+        }
+    }
+
+    twins! {
+        /// A random permutation of `0..n` as a 1-D I64 array (numpy's
+        /// `random.permutation(n)`, PyTorch's `randperm`), for shuffling a data set.
+        /// Reproducible under [`random::seed`].
+        ///
+        /// ```
+        /// use ndscope::{NDManager, random};
+        /// let m = NDManager::new();
+        /// random::seed(3);
+        /// let p = m.random_permutation(5).to_vec::<i64>()?;
+        /// let mut sorted = p.clone();
+        /// sorted.sort();
+        /// assert_eq!(sorted, vec![0, 1, 2, 3, 4]);
+        /// random::seed(3);
+        /// assert_eq!(m.random_permutation(5).to_vec::<i64>()?, p);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn random_permutation,
+        /// [`NDManager::random_permutation`], or an error (`InvalidShape` for an `n` whose
+        /// array would not fit in memory, `ManagerClosed`/`ManagerCapped`).
+        pub fn try_random_permutation(&self, n: usize) -> NDArray {
+            let at = Location::caller();
+            let shape = Shape::from([n]);
+            check_shape("random_permutation", &shape, DType::I64)?;
+            engine::check_manager(self.id)?;
+            let values = random::permutation(n)?;
+            let buf = new_filled::<i64>(n, |out| out.copy_from_slice(&values))?;
+            Ok(NDArray {
+                id: engine::create(self.id, buf, shape, DType::I64, at)?,
+            })
+        }
+    }
+
+    twins! {
+        /// A Bool array of `shape` whose elements are independently true with probability
+        /// `p` (PyTorch's `bernoulli`). Reproducible under [`random::seed`].
+        ///
+        /// ```
+        /// use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let b = m.random_bernoulli(1.0, [2, 2]);
+        /// assert_eq!(b.to_vec::<bool>()?, vec![true; 4]);
+        /// assert_eq!(m.random_bernoulli(0.0, [3]).to_vec::<bool>()?, vec![false; 3]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn random_bernoulli,
+        /// [`NDManager::random_bernoulli`], or an error (`InvalidArgument` for a `p` outside
+        /// `[0, 1]` or NaN, `InvalidShape`, `ManagerClosed`/`ManagerCapped`).
+        pub fn try_random_bernoulli(&self, p: f64, shape: impl Into<Shape>) -> NDArray {
+            self.bernoulli_at("random_bernoulli", p, shape.into(), Location::caller())
+        }
     }
 
     /// A Bool Bernoulli(`p`) array created at `at` (`op` names the caller in errors).

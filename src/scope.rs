@@ -21,7 +21,7 @@
 
 use crate::diag::MemoryStats;
 use crate::engine::{self, Resource, ScopeId};
-use crate::error::{Result, unwrap};
+use crate::error::{twins, unwrap};
 use crate::{NDArray, NDManager, NdError};
 use std::collections::{BTreeMap, HashMap};
 use std::marker::PhantomData;
@@ -55,33 +55,29 @@ impl NDScope {
         }
     }
 
-    /// Move `array` from this scope to the enclosing scope (or out of every scope when
-    /// this is the outermost). Arrays not registered in this scope are left alone.
-    /// Returns the array for chaining.
-    #[track_caller]
-    pub fn escape(&self, array: NDArray) -> NDArray {
-        unwrap(self.try_escape(array))
+    twins! {
+        /// Move `array` from this scope to the enclosing scope (or out of every scope when
+        /// this is the outermost). Arrays not registered in this scope are left alone.
+        /// Returns the array for chaining.
+        pub fn escape,
+        /// [`NDScope::escape`], or `Closed` for a freed array.
+        pub fn try_escape(&self, array: NDArray) -> NDArray {
+            engine::escape(self.id, array.id)?;
+            Ok(array)
+        }
     }
 
-    /// [`NDScope::escape`], or `Closed` for a freed array.
-    pub fn try_escape(&self, array: NDArray) -> Result<NDArray> {
-        engine::escape(self.id, array.id)?;
-        Ok(array)
-    }
-
-    /// Register an array created elsewhere in this scope too (DJL's `NDScope.register`:
-    /// one more reference; the scope's close releases it). Registering an array this
-    /// scope already holds does nothing. Ownership does not change (to move an array
-    /// to another manager, see [`NDArray::attach`]).
-    #[track_caller]
-    pub fn register(&self, array: NDArray) -> NDArray {
-        unwrap(self.try_register(array))
-    }
-
-    /// [`NDScope::register`], or `Closed`.
-    pub fn try_register(&self, array: NDArray) -> Result<NDArray> {
-        engine::register(self.id, array.id)?;
-        Ok(array)
+    twins! {
+        /// Register an array created elsewhere in this scope too (DJL's `NDScope.register`:
+        /// one more reference; the scope's close releases it). Registering an array this
+        /// scope already holds does nothing. Ownership does not change (to move an array
+        /// to another manager, see [`NDArray::attach`]).
+        pub fn register,
+        /// [`NDScope::register`], or `Closed`.
+        pub fn try_register(&self, array: NDArray) -> NDArray {
+            engine::register(self.id, array.id)?;
+            Ok(array)
+        }
     }
 
     /// Remove `array` from every scope (DJL's `NDScope.unregister`): only its manager

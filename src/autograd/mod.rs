@@ -71,7 +71,7 @@ pub(crate) mod backward;
 use crate::backend::cpu;
 use crate::dtype::{ScalarValue, dispatch};
 use crate::engine::{self, ArrayId};
-use crate::error::{NdError, Result, unwrap};
+use crate::error::{NdError, Result, twins, unwrap};
 use crate::shape::Dims;
 use crate::{NDArray, NDScope, Shape};
 use smallvec::SmallVec;
@@ -663,42 +663,39 @@ fn zero_gradients() -> Result<()> {
 }
 
 impl NDArray {
-    /// Mark this array as a parameter (`true`): its gradient array is created now (zeros
-    /// of its shape and dtype, owned by its manager, in no scope) and is filled by
-    /// [`GradientCollector::backward`]. `false` frees the gradient. Only float arrays
-    /// can require a gradient. Panics on failure.
-    #[track_caller]
-    pub fn set_requires_gradient(self, requires: bool) -> NDArray {
-        unwrap(self.try_set_requires_gradient(requires))
-    }
-
-    /// [`NDArray::set_requires_gradient`]. Errors: `Closed`, `UnsupportedDType` (not a
-    /// float array), `ManagerClosed`/`ManagerCapped` (the gradient cannot be created).
-    #[track_caller]
-    pub fn try_set_requires_gradient(self, requires: bool) -> Result<NDArray> {
-        let current = engine::grad(self.id)?;
-        match (requires, current) {
-            (true, None) => {
-                let (shape, dtype) = (self.try_shape()?, self.try_dtype()?);
-                if !dtype.is_float() {
-                    return Err(NdError::UnsupportedDType {
-                        op: "set_requires_gradient",
-                        dtype,
-                        array: engine::desc(self.id)?,
-                    });
+    twins! {
+        /// Mark this array as a parameter (`true`): its gradient array is created now (zeros
+        /// of its shape and dtype, owned by its manager, in no scope) and is filled by
+        /// [`GradientCollector::backward`]. `false` frees the gradient. Only float arrays
+        /// can require a gradient. Panics on failure.
+        pub fn set_requires_gradient,
+        /// [`NDArray::set_requires_gradient`]. Errors: `Closed`, `UnsupportedDType` (not a
+        /// float array), `ManagerClosed`/`ManagerCapped` (the gradient cannot be created).
+        pub fn try_set_requires_gradient(self, requires: bool) -> NDArray {
+            let current = engine::grad(self.id)?;
+            match (requires, current) {
+                (true, None) => {
+                    let (shape, dtype) = (self.try_shape()?, self.try_dtype()?);
+                    if !dtype.is_float() {
+                        return Err(NdError::UnsupportedDType {
+                            op: "set_requires_gradient",
+                            dtype,
+                            array: engine::desc(self.id)?,
+                        });
+                    }
+                    let grad = self.try_manager()?.try_zeros(shape, dtype)?;
+                    grad.keep();
+                    // Atomic: a racing call's gradient wins and this one is freed.
+                    engine::install_grad(self.id, grad.id)?;
                 }
-                let grad = self.try_manager()?.try_zeros(shape, dtype)?;
-                grad.keep();
-                // Atomic: a racing call's gradient wins and this one is freed.
-                engine::install_grad(self.id, grad.id)?;
+                (false, Some(g)) => {
+                    let _ = g;
+                    engine::drop_grad(self.id, std::panic::Location::caller())?;
+                }
+                _ => {}
             }
-            (false, Some(g)) => {
-                let _ = g;
-                engine::drop_grad(self.id, std::panic::Location::caller())?;
-            }
-            _ => {}
+            Ok(self)
         }
-        Ok(self)
     }
 
     /// Whether this array requires a gradient (false for a closed array).
@@ -706,22 +703,20 @@ impl NDArray {
         engine::is_param(self.id)
     }
 
-    /// The gradient array: the same handle on every call (no array is created), owned
-    /// by this array's manager. Panics if it does not require a gradient.
-    #[track_caller]
-    pub fn gradient(self) -> NDArray {
-        unwrap(self.try_gradient())
-    }
-
-    /// [`NDArray::gradient`]. Errors: `Closed`, `InvalidArgument` (does not require a
-    /// gradient).
-    pub fn try_gradient(self) -> Result<NDArray> {
-        match engine::grad(self.id)? {
-            Some(id) => Ok(NDArray { id }),
-            None => Err(NdError::invalid(
-                "gradient",
-                "this array does not require a gradient; call set_requires_gradient(true)",
-            )),
+    twins! {
+        /// The gradient array: the same handle on every call (no array is created), owned
+        /// by this array's manager. Panics if it does not require a gradient.
+        pub fn gradient,
+        /// [`NDArray::gradient`]. Errors: `Closed`, `InvalidArgument` (does not require a
+        /// gradient).
+        pub fn try_gradient(self) -> NDArray {
+            match engine::grad(self.id)? {
+                Some(id) => Ok(NDArray { id }),
+                None => Err(NdError::invalid(
+                    "gradient",
+                    "this array does not require a gradient; call set_requires_gradient(true)",
+                )),
+            }
         }
     }
 }

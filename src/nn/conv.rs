@@ -3,7 +3,7 @@
 
 use super::init::{Init, fan_in_and_fan_out};
 use super::{Module, Pair, build_in, make_parameter};
-use crate::error::{NdError, Result, unwrap};
+use crate::error::{NdError, Result, twins, unwrap};
 use crate::{DType, NDArray, NDManager};
 
 /// A 2-D convolution layer (PyTorch's `nn.Conv2d`): cross-correlation of an NCHW input
@@ -117,77 +117,75 @@ impl Conv2dBuilder {
         self
     }
 
-    /// Build the layer in a new sub-manager of `m`. Panics on failure.
-    #[track_caller]
-    pub fn build(&self, m: &NDManager) -> Conv2d {
-        unwrap(self.try_build(m))
-    }
-
-    /// [`Conv2dBuilder::build`]. Errors: `InvalidArgument` (a non-float dtype; a zero
-    /// channel count, kernel size, stride, dilation or group count; channel counts
-    /// that are not multiples of `groups`; an initialisation that is invalid),
-    /// `ManagerClosed`/`ManagerCapped` (of `m`). Nothing is left in `m` on an error.
-    pub fn try_build(&self, m: &NDManager) -> Result<Conv2d> {
-        const OP: &str = "conv2d";
-        super::check_param_dtype(OP, self.dtype)?;
-        let zero = |what: &str, v: [usize; 2]| -> Result<()> {
-            if v.contains(&0) {
+    twins! {
+        /// Build the layer in a new sub-manager of `m`. Panics on failure.
+        pub fn build,
+        /// [`Conv2dBuilder::build`]. Errors: `InvalidArgument` (a non-float dtype; a zero
+        /// channel count, kernel size, stride, dilation or group count; channel counts
+        /// that are not multiples of `groups`; an initialisation that is invalid),
+        /// `ManagerClosed`/`ManagerCapped` (of `m`). Nothing is left in `m` on an error.
+        pub fn try_build(&self, m: &NDManager) -> Conv2d {
+            const OP: &str = "conv2d";
+            super::check_param_dtype(OP, self.dtype)?;
+            let zero = |what: &str, v: [usize; 2]| -> Result<()> {
+                if v.contains(&0) {
+                    return Err(NdError::invalid(
+                        OP,
+                        format!("{what} must be positive, got {v:?}"),
+                    ));
+                }
+                Ok(())
+            };
+            zero("kernel_size", self.kernel_size)?;
+            zero("stride", self.stride)?;
+            zero("dilation", self.dilation)?;
+            let (cin, cout, g) = (self.in_channels, self.out_channels, self.groups);
+            if g == 0 || cin == 0 || cout == 0 {
                 return Err(NdError::invalid(
                     OP,
-                    format!("{what} must be positive, got {v:?}"),
+                    format!(
+                        "in_channels ({cin}), out_channels ({cout}) and groups ({g}) must be positive"
+                    ),
                 ));
             }
-            Ok(())
-        };
-        zero("kernel_size", self.kernel_size)?;
-        zero("stride", self.stride)?;
-        zero("dilation", self.dilation)?;
-        let (cin, cout, g) = (self.in_channels, self.out_channels, self.groups);
-        if g == 0 || cin == 0 || cout == 0 {
-            return Err(NdError::invalid(
-                OP,
-                format!(
-                    "in_channels ({cin}), out_channels ({cout}) and groups ({g}) must be positive"
-                ),
-            ));
+            if cin % g != 0 || cout % g != 0 {
+                return Err(NdError::invalid(
+                    OP,
+                    format!(
+                        "in_channels ({cin}) and out_channels ({cout}) must be multiples of groups ({g})"
+                    ),
+                ));
+            }
+            let [kh, kw] = self.kernel_size;
+            let shape = [cout, cin / g, kh, kw];
+            let (fan_in, _) = fan_in_and_fan_out(&shape.into())?;
+            let bias_init = self.bias_init.unwrap_or(Init::bias_default(fan_in));
+            let (manager, (weight, bias)) = build_in(m, "Conv2d", |sub| {
+                let weight = make_parameter(self.weight_init.try_create(sub, shape, self.dtype)?)?;
+                let bias = match self.bias {
+                    true => Some(make_parameter(bias_init.try_create(
+                        sub,
+                        [cout],
+                        self.dtype,
+                    )?)?),
+                    false => None,
+                };
+                Ok((weight, bias))
+            })?;
+            Ok(Conv2d {
+                weight,
+                bias,
+                manager,
+                in_channels: cin,
+                out_channels: cout,
+                kernel_size: self.kernel_size,
+                stride: self.stride,
+                padding: self.padding,
+                dilation: self.dilation,
+                groups: g,
+                training: true,
+            })
         }
-        if cin % g != 0 || cout % g != 0 {
-            return Err(NdError::invalid(
-                OP,
-                format!(
-                    "in_channels ({cin}) and out_channels ({cout}) must be multiples of groups ({g})"
-                ),
-            ));
-        }
-        let [kh, kw] = self.kernel_size;
-        let shape = [cout, cin / g, kh, kw];
-        let (fan_in, _) = fan_in_and_fan_out(&shape.into())?;
-        let bias_init = self.bias_init.unwrap_or(Init::bias_default(fan_in));
-        let (manager, (weight, bias)) = build_in(m, "Conv2d", |sub| {
-            let weight = make_parameter(self.weight_init.try_create(sub, shape, self.dtype)?)?;
-            let bias = match self.bias {
-                true => Some(make_parameter(bias_init.try_create(
-                    sub,
-                    [cout],
-                    self.dtype,
-                )?)?),
-                false => None,
-            };
-            Ok((weight, bias))
-        })?;
-        Ok(Conv2d {
-            weight,
-            bias,
-            manager,
-            in_channels: cin,
-            out_channels: cout,
-            kernel_size: self.kernel_size,
-            stride: self.stride,
-            padding: self.padding,
-            dilation: self.dilation,
-            groups: g,
-            training: true,
-        })
     }
 }
 

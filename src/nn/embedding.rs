@@ -2,7 +2,7 @@
 
 use super::init::Init;
 use super::{Module, build_in, make_parameter};
-use crate::error::{Result, unwrap};
+use crate::error::{Result, twins, unwrap};
 use crate::{DType, NDArray, NDManager};
 
 /// A table of `num_embeddings` vectors of size `embedding_dim` looked up by integer
@@ -56,28 +56,26 @@ impl EmbeddingBuilder {
         self
     }
 
-    /// Build the layer in a new sub-manager of `m`. Panics on failure.
-    #[track_caller]
-    pub fn build(&self, m: &NDManager) -> Embedding {
-        unwrap(self.try_build(m))
-    }
-
-    /// [`EmbeddingBuilder::build`]. Errors: `InvalidArgument` (a non-float dtype, an
-    /// initialisation that is invalid), `ManagerClosed`/`ManagerCapped`. Nothing is
-    /// left in `m` on an error.
-    pub fn try_build(&self, m: &NDManager) -> Result<Embedding> {
-        super::check_param_dtype("embedding", self.dtype)?;
-        let shape = [self.num_embeddings, self.embedding_dim];
-        let (manager, weight) = build_in(m, "Embedding", |sub| {
-            make_parameter(self.init.try_create(sub, shape, self.dtype)?)
-        })?;
-        Ok(Embedding {
-            weight,
-            manager,
-            num_embeddings: self.num_embeddings,
-            embedding_dim: self.embedding_dim,
-            training: true,
-        })
+    twins! {
+        /// Build the layer in a new sub-manager of `m`. Panics on failure.
+        pub fn build,
+        /// [`EmbeddingBuilder::build`]. Errors: `InvalidArgument` (a non-float dtype, an
+        /// initialisation that is invalid), `ManagerClosed`/`ManagerCapped`. Nothing is
+        /// left in `m` on an error.
+        pub fn try_build(&self, m: &NDManager) -> Embedding {
+            super::check_param_dtype("embedding", self.dtype)?;
+            let shape = [self.num_embeddings, self.embedding_dim];
+            let (manager, weight) = build_in(m, "Embedding", |sub| {
+                make_parameter(self.init.try_create(sub, shape, self.dtype)?)
+            })?;
+            Ok(Embedding {
+                weight,
+                manager,
+                num_embeddings: self.num_embeddings,
+                embedding_dim: self.embedding_dim,
+                training: true,
+            })
+        }
     }
 }
 

@@ -41,7 +41,7 @@
 use crate::autograd;
 use crate::backend::cpu::StridedMut;
 use crate::dtype::{Native, dispatch_float};
-use crate::error::{NdError, Result, unwrap};
+use crate::error::{NdError, Result, twins, unwrap};
 use crate::ext;
 use crate::layout::for_each_row;
 use crate::random;
@@ -281,29 +281,21 @@ impl Init {
         Ok(d)
     }
 
-    /// A new array of `shape` and `dtype` (a float dtype) in `m`, initialised this way.
-    /// Panics on failure (see [`Init::try_create`]).
-    #[track_caller]
-    pub fn create(&self, m: &NDManager, shape: impl Into<Shape>, dtype: DType) -> NDArray {
-        unwrap(self.try_create(m, shape, dtype))
-    }
-
-    /// [`Init::create`]. Errors: `InvalidArgument` (Xavier/Kaiming for fewer than 2
-    /// dimensions; bounds that are not finite or out of order; a negative deviation; a
-    /// non-float dtype), and the errors of creating an array (`ManagerClosed`, ...).
-    #[track_caller]
-    pub fn try_create(
-        &self,
-        m: &NDManager,
-        shape: impl Into<Shape>,
-        dtype: DType,
-    ) -> Result<NDArray> {
-        let shape = shape.into();
-        super::check_param_dtype("init", dtype)?;
-        match self.dist("init", &shape)? {
-            Dist::Constant(v) => m.try_full(shape, v, dtype),
-            Dist::Uniform(lo, hi) => m.try_random_uniform(lo, hi, shape, dtype),
-            Dist::Normal(mean, std) => m.try_random_normal(mean, std, shape, dtype),
+    twins! {
+        /// A new array of `shape` and `dtype` (a float dtype) in `m`, initialised this way.
+        /// Panics on failure (see [`Init::try_create`]).
+        pub fn create,
+        /// [`Init::create`]. Errors: `InvalidArgument` (Xavier/Kaiming for fewer than 2
+        /// dimensions; bounds that are not finite or out of order; a negative deviation; a
+        /// non-float dtype), and the errors of creating an array (`ManagerClosed`, ...).
+        pub fn try_create(&self, m: &NDManager, shape: impl Into<Shape>, dtype: DType) -> NDArray {
+            let shape = shape.into();
+            super::check_param_dtype("init", dtype)?;
+            match self.dist("init", &shape)? {
+                Dist::Constant(v) => m.try_full(shape, v, dtype),
+                Dist::Uniform(lo, hi) => m.try_random_uniform(lo, hi, shape, dtype),
+                Dist::Normal(mean, std) => m.try_random_normal(mean, std, shape, dtype),
+            }
         }
     }
 

@@ -2,7 +2,7 @@
 
 use super::init::{Init, fan_in_and_fan_out};
 use super::{Module, build_in, make_parameter};
-use crate::error::{NdError, Result, unwrap};
+use crate::error::{NdError, Result, twins, unwrap};
 use crate::{DType, NDArray, NDManager};
 
 /// A fully connected layer, `y = x Wᵀ + b` (PyTorch's `nn.Linear`).
@@ -72,41 +72,38 @@ impl LinearBuilder {
         self
     }
 
-    /// Build the layer in a new sub-manager of `m`. Panics on failure.
-    #[track_caller]
-    pub fn build(&self, m: &NDManager) -> Linear {
-        unwrap(self.try_build(m))
-    }
-
-    /// [`LinearBuilder::build`]. Errors: `InvalidArgument` (a non-float dtype, an
-    /// initialisation that is invalid for the shape), `ManagerClosed`/`ManagerCapped`
-    /// (of `m`). Nothing is left in `m` on an error.
-    #[track_caller]
-    pub fn try_build(&self, m: &NDManager) -> Result<Linear> {
-        super::check_param_dtype("linear", self.dtype)?;
-        let shape = [self.out_features, self.in_features];
-        let (fan_in, _) = fan_in_and_fan_out(&shape.into())?;
-        let bias_init = self.bias_init.unwrap_or(Init::bias_default(fan_in));
-        let (manager, (weight, bias)) = build_in(m, "Linear", |sub| {
-            let weight = make_parameter(self.weight_init.try_create(sub, shape, self.dtype)?)?;
-            let bias = match self.bias {
-                true => Some(make_parameter(bias_init.try_create(
-                    sub,
-                    [self.out_features],
-                    self.dtype,
-                )?)?),
-                false => None,
-            };
-            Ok((weight, bias))
-        })?;
-        Ok(Linear {
-            weight,
-            bias,
-            manager,
-            in_features: self.in_features,
-            out_features: self.out_features,
-            training: true,
-        })
+    twins! {
+        /// Build the layer in a new sub-manager of `m`. Panics on failure.
+        pub fn build,
+        /// [`LinearBuilder::build`]. Errors: `InvalidArgument` (a non-float dtype, an
+        /// initialisation that is invalid for the shape), `ManagerClosed`/`ManagerCapped`
+        /// (of `m`). Nothing is left in `m` on an error.
+        pub fn try_build(&self, m: &NDManager) -> Linear {
+            super::check_param_dtype("linear", self.dtype)?;
+            let shape = [self.out_features, self.in_features];
+            let (fan_in, _) = fan_in_and_fan_out(&shape.into())?;
+            let bias_init = self.bias_init.unwrap_or(Init::bias_default(fan_in));
+            let (manager, (weight, bias)) = build_in(m, "Linear", |sub| {
+                let weight = make_parameter(self.weight_init.try_create(sub, shape, self.dtype)?)?;
+                let bias = match self.bias {
+                    true => Some(make_parameter(bias_init.try_create(
+                        sub,
+                        [self.out_features],
+                        self.dtype,
+                    )?)?),
+                    false => None,
+                };
+                Ok((weight, bias))
+            })?;
+            Ok(Linear {
+                weight,
+                bias,
+                manager,
+                in_features: self.in_features,
+                out_features: self.out_features,
+                training: true,
+            })
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::init::Init;
 use super::{Module, build_in, make_parameter};
-use crate::error::{NdError, Result, unwrap};
+use crate::error::{NdError, Result, twins, unwrap};
 use crate::{DType, NDArray, NDManager, Shape};
 
 /// Layer normalisation over the trailing dimensions (PyTorch's `nn.LayerNorm`): an
@@ -72,54 +72,52 @@ impl LayerNormBuilder {
         self
     }
 
-    /// Build the layer in a new sub-manager of `m`. Panics on failure.
-    #[track_caller]
-    pub fn build(&self, m: &NDManager) -> LayerNorm {
-        unwrap(self.try_build(m))
-    }
-
-    /// [`LayerNormBuilder::build`]. Errors: `InvalidArgument` (an empty
-    /// `normalized_shape`, a non-float dtype, a negative or NaN eps),
-    /// `ManagerClosed`/`ManagerCapped`. Nothing is left in `m` on an error.
-    pub fn try_build(&self, m: &NDManager) -> Result<LayerNorm> {
-        const OP: &str = "layer_norm";
-        super::check_param_dtype(OP, self.dtype)?;
-        if self.normalized_shape.ndim() == 0 {
-            return Err(NdError::invalid(
-                OP,
-                "normalized_shape must have at least one dimension",
-            ));
-        }
-        if self.eps.is_nan() || self.eps < 0.0 {
-            return Err(NdError::invalid(
-                OP,
-                format!("eps must be >= 0, got {}", self.eps),
-            ));
-        }
-        let shape = self.normalized_shape.clone();
-        let (manager, (weight, bias)) = build_in(m, "LayerNorm", |sub| {
-            if !self.affine {
-                return Ok((None, None));
+    twins! {
+        /// Build the layer in a new sub-manager of `m`. Panics on failure.
+        pub fn build,
+        /// [`LayerNormBuilder::build`]. Errors: `InvalidArgument` (an empty
+        /// `normalized_shape`, a non-float dtype, a negative or NaN eps),
+        /// `ManagerClosed`/`ManagerCapped`. Nothing is left in `m` on an error.
+        pub fn try_build(&self, m: &NDManager) -> LayerNorm {
+            const OP: &str = "layer_norm";
+            super::check_param_dtype(OP, self.dtype)?;
+            if self.normalized_shape.ndim() == 0 {
+                return Err(NdError::invalid(
+                    OP,
+                    "normalized_shape must have at least one dimension",
+                ));
             }
-            let w = make_parameter(Init::Ones.try_create(sub, shape.clone(), self.dtype)?)?;
-            let b = match self.bias {
-                true => Some(make_parameter(Init::Zeros.try_create(
-                    sub,
-                    shape.clone(),
-                    self.dtype,
-                )?)?),
-                false => None,
-            };
-            Ok((Some(w), b))
-        })?;
-        Ok(LayerNorm {
-            weight,
-            bias,
-            manager,
-            normalized_shape: shape,
-            eps: self.eps,
-            training: true,
-        })
+            if self.eps.is_nan() || self.eps < 0.0 {
+                return Err(NdError::invalid(
+                    OP,
+                    format!("eps must be >= 0, got {}", self.eps),
+                ));
+            }
+            let shape = self.normalized_shape.clone();
+            let (manager, (weight, bias)) = build_in(m, "LayerNorm", |sub| {
+                if !self.affine {
+                    return Ok((None, None));
+                }
+                let w = make_parameter(Init::Ones.try_create(sub, shape.clone(), self.dtype)?)?;
+                let b = match self.bias {
+                    true => Some(make_parameter(Init::Zeros.try_create(
+                        sub,
+                        shape.clone(),
+                        self.dtype,
+                    )?)?),
+                    false => None,
+                };
+                Ok((Some(w), b))
+            })?;
+            Ok(LayerNorm {
+                weight,
+                bias,
+                manager,
+                normalized_shape: shape,
+                eps: self.eps,
+                training: true,
+            })
+        }
     }
 }
 
@@ -315,59 +313,57 @@ impl BatchNorm2dBuilder {
         self
     }
 
-    /// Build the layer in a new sub-manager of `m`. Panics on failure.
-    #[track_caller]
-    pub fn build(&self, m: &NDManager) -> BatchNorm2d {
-        unwrap(self.try_build(m))
-    }
-
-    /// [`BatchNorm2dBuilder::build`]. Errors: `InvalidArgument` (zero features, a
-    /// non-float dtype, a negative or NaN eps, a momentum that is not finite),
-    /// `ManagerClosed`/`ManagerCapped`. Nothing is left in `m` on an error.
-    pub fn try_build(&self, m: &NDManager) -> Result<BatchNorm2d> {
-        const OP: &str = "batch_norm";
-        super::check_param_dtype(OP, self.dtype)?;
-        if self.num_features == 0 {
-            return Err(NdError::invalid(OP, "num_features must be positive"));
+    twins! {
+        /// Build the layer in a new sub-manager of `m`. Panics on failure.
+        pub fn build,
+        /// [`BatchNorm2dBuilder::build`]. Errors: `InvalidArgument` (zero features, a
+        /// non-float dtype, a negative or NaN eps, a momentum that is not finite),
+        /// `ManagerClosed`/`ManagerCapped`. Nothing is left in `m` on an error.
+        pub fn try_build(&self, m: &NDManager) -> BatchNorm2d {
+            const OP: &str = "batch_norm";
+            super::check_param_dtype(OP, self.dtype)?;
+            if self.num_features == 0 {
+                return Err(NdError::invalid(OP, "num_features must be positive"));
+            }
+            if self.eps.is_nan() || self.eps < 0.0 {
+                return Err(NdError::invalid(
+                    OP,
+                    format!("eps must be >= 0, got {}", self.eps),
+                ));
+            }
+            if !self.momentum.is_finite() {
+                return Err(NdError::invalid(
+                    OP,
+                    format!("momentum must be finite, got {}", self.momentum),
+                ));
+            }
+            let (c, dt) = (self.num_features, self.dtype);
+            let (manager, (weight, bias, rm, rv, nbt)) = build_in(m, "BatchNorm2d", |sub| {
+                let (w, b) = match self.affine {
+                    true => (
+                        Some(make_parameter(Init::Ones.try_create(sub, [c], dt)?)?),
+                        Some(make_parameter(Init::Zeros.try_create(sub, [c], dt)?)?),
+                    ),
+                    false => (None, None),
+                };
+                let rm = sub.try_zeros([c], dt)?.keep();
+                let rv = sub.try_ones([c], dt)?.keep();
+                let nbt = sub.try_zeros([], DType::I64)?.keep();
+                Ok((w, b, rm, rv, nbt))
+            })?;
+            Ok(BatchNorm2d {
+                weight,
+                bias,
+                running_mean: rm,
+                running_var: rv,
+                num_batches_tracked: nbt,
+                manager,
+                num_features: c,
+                eps: self.eps,
+                momentum: self.momentum,
+                training: true,
+            })
         }
-        if self.eps.is_nan() || self.eps < 0.0 {
-            return Err(NdError::invalid(
-                OP,
-                format!("eps must be >= 0, got {}", self.eps),
-            ));
-        }
-        if !self.momentum.is_finite() {
-            return Err(NdError::invalid(
-                OP,
-                format!("momentum must be finite, got {}", self.momentum),
-            ));
-        }
-        let (c, dt) = (self.num_features, self.dtype);
-        let (manager, (weight, bias, rm, rv, nbt)) = build_in(m, "BatchNorm2d", |sub| {
-            let (w, b) = match self.affine {
-                true => (
-                    Some(make_parameter(Init::Ones.try_create(sub, [c], dt)?)?),
-                    Some(make_parameter(Init::Zeros.try_create(sub, [c], dt)?)?),
-                ),
-                false => (None, None),
-            };
-            let rm = sub.try_zeros([c], dt)?.keep();
-            let rv = sub.try_ones([c], dt)?.keep();
-            let nbt = sub.try_zeros([], DType::I64)?.keep();
-            Ok((w, b, rm, rv, nbt))
-        })?;
-        Ok(BatchNorm2d {
-            weight,
-            bias,
-            running_mean: rm,
-            running_var: rv,
-            num_batches_tracked: nbt,
-            manager,
-            num_features: c,
-            eps: self.eps,
-            momentum: self.momentum,
-            training: true,
-        })
     }
 }
 
