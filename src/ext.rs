@@ -131,17 +131,9 @@ pub(crate) fn read<R>(a: NDArray, f: impl FnOnce(Input<'_>) -> R) -> Result<R> {
     engine::read(a.id, |o| f(Input(o)))
 }
 
-/// What a [`custom_op`] produced.
-pub(crate) enum Output {
-    /// A new contiguous array of `shape` and `dtype` holding `buf`.
-    New {
-        buf: Buffer,
-        shape: Shape,
-        dtype: DType,
-    },
-    /// A view of input `of` with another layout (within that input's buffer).
-    View { of: usize, layout: Layout },
-}
+/// What a [`custom_op`] produced: a new contiguous array from a buffer, or a view of
+/// input `of` with another layout (within that input's buffer). The op path's own type.
+pub(crate) use crate::engine::Output;
 
 /// Op `name` over `inputs`: `f` gets their data and says what the result is (a new
 /// buffer, or a view of an input). The result belongs to the first input's manager
@@ -156,12 +148,7 @@ pub(crate) fn custom_op<const N: usize>(
     f: impl FnOnce([Input<'_>; N]) -> Result<Output>,
 ) -> Result<NDArray> {
     let ids = inputs.map(|a| a.id);
-    let id = engine::run_op(name, &ids, at, |o| {
-        Ok(match f(std::array::from_fn(|i| Input(&o[i])))? {
-            Output::New { buf, shape, dtype } => engine::Output::New { buf, shape, dtype },
-            Output::View { of, layout } => engine::Output::View { of, layout },
-        })
-    })?;
+    let id = engine::run_op(name, &ids, at, |o| f(std::array::from_fn(|i| Input(&o[i]))))?;
     Ok(NDArray { id })
 }
 

@@ -7,8 +7,7 @@
 //! calls [`Node::input_grads`]; it imports nothing from here.
 
 use super::linalg::matmul_t;
-use crate::autograd::{Grads, Node, ReduceKind, Rule};
-use crate::engine::ArrayId;
+use crate::autograd::{Grads, Node, ReduceKind, Rule, arr, nones};
 use crate::error::Result;
 use crate::opkind::{BinOp, UnOp};
 use crate::shape::{Dims, keep_dims_shape};
@@ -75,19 +74,6 @@ fn unbroadcast_batch(g: NDArray, shape: &Shape, other: &Shape) -> Result<NDArray
     } else {
         unbroadcast(g, shape)
     }
-}
-
-/// `n` times `None` (without `from_elem`'s clones).
-fn nones<T>(n: usize) -> SmallVec<[Option<T>; 3]> {
-    let mut r = SmallVec::with_capacity(n);
-    for _ in 0..n {
-        r.push(None);
-    }
-    r
-}
-
-fn arr(id: ArrayId) -> NDArray {
-    NDArray { id }
 }
 
 impl Node {

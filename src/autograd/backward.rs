@@ -461,17 +461,5 @@ fn input_grads(node: &Node, g: G, env: &Env) -> Result<SmallVec<[Option<G>; 3]>>
         .collect())
 }
 
+use super::{arr, nones};
 use crate::shape::keep_dims_shape;
-
-/// `n` times `None` (without `from_elem`'s clones).
-fn nones<T>(n: usize) -> SmallVec<[Option<T>; 3]> {
-    let mut r = SmallVec::with_capacity(n);
-    for _ in 0..n {
-        r.push(None);
-    }
-    r
-}
-
-fn arr(id: ArrayId) -> NDArray {
-    NDArray { id }
-}

@@ -226,6 +226,20 @@ impl Rule {
     }
 }
 
+/// `n` times `None` (without `from_elem`'s clones).
+pub(crate) fn nones<T>(n: usize) -> SmallVec<[Option<T>; 3]> {
+    let mut r = SmallVec::with_capacity(n);
+    for _ in 0..n {
+        r.push(None);
+    }
+    r
+}
+
+/// The handle of array `id`.
+pub(crate) fn arr(id: ArrayId) -> NDArray {
+    NDArray { id }
+}
+
 /// A scalar operand as f64.
 pub(crate) fn scalar_f64(s: ScalarValue) -> f64 {
     match s {
