@@ -180,6 +180,19 @@ fn the_backend_imports_nothing_from_the_engine_the_arrays_or_autograd() {
 }
 
 /// The checker finds what it must, and only that.
+/// The backward pass calls the ops' gradient rules as methods of the tape's nodes: the
+/// tape and the pass import nothing from the array layer (whose ops import the tape),
+/// and the engine nothing from either, so no import runs back up.
+#[test]
+fn autograd_imports_nothing_from_the_ops_and_the_engine_nothing_above_it() {
+    check(&["src/autograd"], &["array"]);
+    // (`data` and `io` are left out: `data::<T>()` reads as a path to the checker.)
+    check(
+        &["src/engine"],
+        &["array", "autograd", "nn", "optim", "diag", "ext"],
+    );
+}
+
 #[test]
 fn the_checker_catches_imports() {
     let bad = [
