@@ -79,7 +79,7 @@ pub use safetensors::{
 mod raw {
     use crate::backend::cpu::{Buffer, new_overwritten};
     use crate::dtype::{Native, dispatch};
-    use crate::error::{NdError, Result, SourceLocation};
+    use crate::error::{NdError, Result};
     use crate::ext;
     use crate::layout::for_each_row;
     use crate::{DType, NDArray, NDManager, Shape};
@@ -197,15 +197,7 @@ mod raw {
     }
 
     /// A new contiguous array of `m` from a decoded buffer.
-    pub(crate) fn create(
-        m: &NDManager,
-        buf: Buffer,
-        shape: Shape,
-        dtype: DType,
-        at: SourceLocation,
-    ) -> Result<NDArray> {
-        ext::array_from_buffer(m, buf, shape, dtype, at)
-    }
+    pub(crate) use crate::ext::array_from_buffer as create;
 
     /// Fail fast (before reading a file) if `m` takes no new arrays.
     pub(crate) fn check_manager(m: &NDManager) -> Result<()> {
