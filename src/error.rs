@@ -355,7 +355,9 @@ pub(crate) fn unwrap<T>(r: Result<T>) -> T {
 /// ```
 ///
 /// The body returns `Result<T>`; the twin returns `T`. The receiver is `self` or
-/// `&self`; each invocation may hold several pairs.
+/// `&self` (with at most one generic parameter, written `try_x<T: Bound>`), or none
+/// for an associated function (the twin calls `Self::try_x`); each invocation may
+/// hold several pairs.
 macro_rules! twins {
     () => {};
     (
@@ -395,6 +397,46 @@ macro_rules! twins {
         $(#[$tm])*
         #[track_caller]
         $tvis fn $try_name(&$self $(, $arg: $ty)*) -> $crate::error::Result<$ret> $body
+
+        $crate::error::twins! { $($rest)* }
+    };
+    (
+        $(#[$pm:meta])*
+        $vis:vis fn $name:ident,
+        $(#[$tm:meta])*
+        $tvis:vis fn $try_name:ident<$gp:ident: $gb:path>(&$self:ident $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty $body:block
+        $($rest:tt)*
+    ) => {
+        $(#[$pm])*
+        #[track_caller]
+        #[inline]
+        $vis fn $name<$gp: $gb>(&$self $(, $arg: $ty)*) -> $ret {
+            $crate::error::unwrap($self.$try_name($($arg),*))
+        }
+
+        $(#[$tm])*
+        #[track_caller]
+        $tvis fn $try_name<$gp: $gb>(&$self $(, $arg: $ty)*) -> $crate::error::Result<$ret> $body
+
+        $crate::error::twins! { $($rest)* }
+    };
+    (
+        $(#[$pm:meta])*
+        $vis:vis fn $name:ident,
+        $(#[$tm:meta])*
+        $tvis:vis fn $try_name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block
+        $($rest:tt)*
+    ) => {
+        $(#[$pm])*
+        #[track_caller]
+        #[inline]
+        $vis fn $name($($arg: $ty),*) -> $ret {
+            $crate::error::unwrap(Self::$try_name($($arg),*))
+        }
+
+        $(#[$tm])*
+        #[track_caller]
+        $tvis fn $try_name($($arg: $ty),*) -> $crate::error::Result<$ret> $body
 
         $crate::error::twins! { $($rest)* }
     };

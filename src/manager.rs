@@ -235,44 +235,42 @@ impl NDManager {
         })
     }
 
-    /// An array holding `data` (row-major) with `shape`.
-    ///
-    /// ```
-    /// # use ndscope::NDManager;
-    /// let m = NDManager::new();
-    /// let a = m.create(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
-    /// assert_eq!(a.to_vec::<f32>()?, vec![1.0, 2.0, 3.0, 4.0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn create<T: Element>(&self, data: &[T], shape: impl Into<Shape>) -> NDArray {
-        unwrap(self.try_create(data, shape))
-    }
+    twins! {
+        /// An array holding `data` (row-major) with `shape`.
+        ///
+        /// ```
+        /// # use ndscope::NDManager;
+        /// let m = NDManager::new();
+        /// let a = m.create(&[1.0f32, 2.0, 3.0, 4.0], [2, 2]);
+        /// assert_eq!(a.to_vec::<f32>()?, vec![1.0, 2.0, 3.0, 4.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn create,
 
-    /// [`NDManager::create`], or `InvalidShape` when `data.len()` is not the shape's size.
-    #[track_caller]
-    pub fn try_create<T: Element>(&self, data: &[T], shape: impl Into<Shape>) -> Result<NDArray> {
-        let at = Location::caller();
-        let shape = shape.into();
-        let n = check_shape("create", &shape, T::DTYPE)?;
-        if n != data.len() {
-            return Err(NdError::shape(
-                "create",
-                format!(
-                    "{} values cannot fill shape {shape} ({n} elements)",
-                    data.len()
-                ),
-            ));
-        }
-        engine::check_manager(self.id)?;
-        let buf = dispatch!(T::DTYPE, N => new_filled::<N>(n, |out| {
-            for (o, &x) in out.iter_mut().zip(data) {
-                *o = if T::DTYPE.is_float() { N::from_f64(x.elem_to_f64()) } else { N::from_i64(x.elem_to_i64()) };
+        /// [`NDManager::create`], or `InvalidShape` when `data.len()` is not the shape's size.
+        pub fn try_create<T: Element>(&self, data: &[T], shape: impl Into<Shape>) -> NDArray {
+            let at = Location::caller();
+            let shape = shape.into();
+            let n = check_shape("create", &shape, T::DTYPE)?;
+            if n != data.len() {
+                return Err(NdError::shape(
+                    "create",
+                    format!(
+                        "{} values cannot fill shape {shape} ({n} elements)",
+                        data.len()
+                    ),
+                ));
             }
-        }))?;
-        Ok(NDArray {
-            id: engine::create(self.id, buf, shape, T::DTYPE, at)?,
-        })
+            engine::check_manager(self.id)?;
+            let buf = dispatch!(T::DTYPE, N => new_filled::<N>(n, |out| {
+                for (o, &x) in out.iter_mut().zip(data) {
+                    *o = if T::DTYPE.is_float() { N::from_f64(x.elem_to_f64()) } else { N::from_i64(x.elem_to_i64()) };
+                }
+            }))?;
+            Ok(NDArray {
+                id: engine::create(self.id, buf, shape, T::DTYPE, at)?,
+            })
+        }
     }
 
     /// A scalar (0-d) array.

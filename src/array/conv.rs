@@ -223,7 +223,7 @@ fn conv2d_impl(
         })
     })?;
     if let Some(g) = geom {
-        autograd::record_custom(&ids, id, || Conv2dRule { g, groups });
+        autograd::record(&ids, id, || Conv2dRule { g, groups });
     }
     Ok(NDArray { id })
 }
@@ -245,7 +245,7 @@ impl Backward for Conv2dRule {
     fn backward(&self, cx: &BackwardCtx<'_>, gr: NDArray) -> Result<Grads> {
         let (g, groups) = (self.g, self.groups);
         let here = Location::caller();
-        let (x, w) = (cx.inputs[0], cx.inputs[1]);
+        let (x, w) = (cx.input(0), cx.input(1));
         let dx = if cx.need(0) {
             let id = engine::run_op("conv2d_grad_input", &[gr.id, w.id], here, |o| {
                 let buf = dispatch_float!(o[0].dtype,
@@ -277,7 +277,7 @@ impl Backward for Conv2dRule {
         } else {
             None
         };
-        let db = if cx.inputs.len() > 2 && cx.need(2) {
+        let db = if cx.ids.len() > 2 && cx.need(2) {
             Some(gr.try_sum_axes(&[0, 2, 3], false)?)
         } else {
             None
@@ -394,7 +394,7 @@ fn pool_impl(
         })
     })?;
     if let Some((g, shape, arg)) = saved {
-        autograd::record_custom(&[x.id], id, || PoolRule {
+        autograd::record(&[x.id], id, || PoolRule {
             kind,
             g,
             argmax: arg.map(|b| Saved::new(id, b, shape, DType::I64)),

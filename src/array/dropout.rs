@@ -79,7 +79,7 @@ fn dropout_impl(x: NDArray, p: f64, training: bool, at: SourceLocation) -> Resul
                 dtype: a.dtype,
             })
         })?;
-        autograd::record_custom(&[x.id], id, || DropoutRule {
+        autograd::record(&[x.id], id, || DropoutRule {
             mask: mask.id,
             scale,
         });

@@ -120,7 +120,7 @@ fn index_select_impl(
             dtype: a.dtype,
         })
     })?;
-    autograd::record_custom(&[x.id, indices.id], id, || IndexSelectRule { axis });
+    autograd::record(&[x.id, indices.id], id, || IndexSelectRule { axis });
     Ok(NDArray { id })
 }
 
@@ -179,7 +179,7 @@ impl Backward for IndexSelectRule {
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
         let xs = &cx.shapes[0];
         let ax = axis_of(self.axis, xs.ndim());
-        let gx = index_add(xs.clone(), ax, cx.inputs[1], g, Location::caller())?;
+        let gx = index_add(xs.clone(), ax, cx.input(1), g, Location::caller())?;
         Ok(smallvec![Some(gx), None])
     }
 }
@@ -251,7 +251,7 @@ fn gather_impl(x: NDArray, axis: isize, indices: NDArray, at: SourceLocation) ->
             dtype: a.dtype,
         })
     })?;
-    autograd::record_custom(&[x.id, indices.id], id, || GatherRule { axis });
+    autograd::record(&[x.id, indices.id], id, || GatherRule { axis });
     Ok(NDArray { id })
 }
 
@@ -272,7 +272,7 @@ impl Backward for GatherRule {
             .try_manager()?
             .try_zeros(cx.shapes[0].clone(), g.try_dtype()?)?;
         Ok(smallvec![
-            Some(z.try_scatter_add(self.axis, cx.inputs[1], g)?),
+            Some(z.try_scatter_add(self.axis, cx.input(1), g)?),
             None
         ])
     }
@@ -309,7 +309,7 @@ fn scatter_add_impl(
             dtype: a.dtype,
         })
     })?;
-    autograd::record_custom(&[x.id, indices.id, src.id], id, || ScatterAddRule { axis });
+    autograd::record(&[x.id, indices.id, src.id], id, || ScatterAddRule { axis });
     Ok(NDArray { id })
 }
 
@@ -329,7 +329,7 @@ impl Backward for ScatterAddRule {
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
         let gx = cx.need(0).then_some(g);
         let gs = if cx.need(2) {
-            let ix = cx.inputs[1];
+            let ix = cx.input(1);
             let part = g.try_gather(self.axis, ix)?;
             let (is, ss) = (ix.try_shape()?, &cx.shapes[2]);
             Some(if is == *ss {
@@ -364,7 +364,7 @@ fn take_impl(x: NDArray, indices: NDArray, at: SourceLocation) -> Result<NDArray
             dtype: a.dtype,
         })
     })?;
-    autograd::record_custom(&[x.id, indices.id], id, || TakeRule);
+    autograd::record(&[x.id, indices.id], id, || TakeRule);
     Ok(NDArray { id })
 }
 
@@ -383,7 +383,7 @@ impl Backward for TakeRule {
         let flat = index_add(
             Shape::from([xs.size()]),
             0,
-            cx.inputs[1],
+            cx.input(1),
             g,
             Location::caller(),
         )?;
@@ -424,7 +424,7 @@ fn boolean_mask_impl(x: NDArray, mask: NDArray, at: SourceLocation) -> Result<ND
             dtype: a.dtype,
         })
     })?;
-    autograd::record_custom(&[x.id, mask.id], id, || BooleanMaskRule);
+    autograd::record(&[x.id, mask.id], id, || BooleanMaskRule);
     Ok(NDArray { id })
 }
 
@@ -440,7 +440,7 @@ impl Backward for BooleanMaskRule {
         (0b10, false)
     }
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
-        let (xs, mask) = (&cx.shapes[0], cx.inputs[1]);
+        let (xs, mask) = (&cx.shapes[0], cx.input(1));
         let k = mask.try_shape()?.ndim();
         let rows: Vec<i64> = mask
             .to_vec::<bool>()?
@@ -482,7 +482,7 @@ fn masked_fill_impl(x: NDArray, mask: NDArray, value: f64, at: SourceLocation) -
             dtype: a.dtype,
         })
     })?;
-    autograd::record_custom(&[x.id, mask.id], id, || MaskedFillRule);
+    autograd::record(&[x.id, mask.id], id, || MaskedFillRule);
     Ok(NDArray { id })
 }
 
@@ -498,7 +498,7 @@ impl Backward for MaskedFillRule {
     }
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
         Ok(smallvec![
-            Some(cx.inputs[1].try_where_(zero_of(g)?, g)?),
+            Some(cx.input(1).try_where_(zero_of(g)?, g)?),
             None
         ])
     }

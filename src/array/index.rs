@@ -13,11 +13,11 @@
 use super::NDArray;
 use super::ops::Rhs;
 use crate::DType;
-use crate::autograd::{self, Rule};
+use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu;
 use crate::dtype::{Native, ScalarValue, dispatch};
 use crate::engine::{self, Layout, Output};
-use crate::error::{ArrayDesc, NdError, Result, SourceLocation, twins, unwrap};
+use crate::error::{ArrayDesc, NdError, Result, SourceLocation, twins};
 use crate::shape::{Dims, Shape};
 use std::panic::Location;
 
@@ -226,7 +226,7 @@ fn get(x: NDArray, index: &str, at: SourceLocation) -> Result<NDArray> {
         let layout = select(o.layout, index).map_err(|m| index_error("get", m, o.desc()))?;
         Ok(Output::View { of: 0, layout })
     })?;
-    autograd::record(&[x.id], id, || Rule::Get(index.into()));
+    autograd::record(&[x.id], id, || GetRule(index.into()));
     Ok(NDArray { id })
 }
 
@@ -322,36 +322,55 @@ impl NDArray {
         }
     }
 
-    /// Write `value` (a scalar, or an array of the same dtype that broadcasts to the
-    /// selected region) into the region `index` selects, in place. Views sharing the
-    /// storage see the change. Panics on error (see [`NDArray::try_set`]).
-    ///
-    /// The write is not recorded for autograd: while a [`GradientCollector`]
-    /// records, writing into an array the tape depends on, or writing a `value` that
-    /// is a parameter or a recorded result (its gradient would be lost), is an error.
-    ///
-    /// [`GradientCollector`]: crate::GradientCollector
-    ///
-    /// ```
-    /// use ndscope::{DType, NDManager};
-    /// let m = NDManager::new();
-    /// let a = m.zeros([2, 3], DType::F32);
-    /// a.set("0", 1.0);
-    /// a.set(":, 2", m.create(&[7.0f32, 8.0], [2]));
-    /// assert_eq!(a.to_vec::<f32>()?, vec![1.0, 1.0, 7.0, 0.0, 0.0, 8.0]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn set(self, index: &str, value: impl Into<Rhs>) {
-        unwrap(set(self, index, value.into()))
-    }
+    twins! {
+        /// Write `value` (a scalar, or an array of the same dtype that broadcasts to the
+        /// selected region) into the region `index` selects, in place. Views sharing the
+        /// storage see the change. Panics on error (see [`NDArray::try_set`]).
+        ///
+        /// The write is not recorded for autograd: while a [`GradientCollector`]
+        /// records, writing into an array the tape depends on, or writing a `value` that
+        /// is a parameter or a recorded result (its gradient would be lost), is an error.
+        ///
+        /// [`GradientCollector`]: crate::GradientCollector
+        ///
+        /// ```
+        /// use ndscope::{DType, NDManager};
+        /// let m = NDManager::new();
+        /// let a = m.zeros([2, 3], DType::F32);
+        /// a.set("0", 1.0);
+        /// a.set(":, 2", m.create(&[7.0f32, 8.0], [2]));
+        /// assert_eq!(a.to_vec::<f32>()?, vec![1.0, 1.0, 7.0, 0.0, 0.0, 8.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn set,
 
-    /// [`NDArray::set`]. Errors: `Index` (as for [`NDArray::try_get`]),
-    /// `DTypeMismatch`, `ShapeMismatch` (the value does not broadcast to the region),
-    /// `InvalidArgument` (while a collector records: `self` is an array the tape
-    /// depends on, or `value` is a parameter or a recorded result), `Closed`.
-    pub fn try_set(self, index: &str, value: impl Into<Rhs>) -> Result<()> {
-        set(self, index, value.into())
+        /// [`NDArray::set`]. Errors: `Index` (as for [`NDArray::try_get`]),
+        /// `DTypeMismatch`, `ShapeMismatch` (the value does not broadcast to the region),
+        /// `InvalidArgument` (while a collector records: `self` is an array the tape
+        /// depends on, or `value` is a parameter or a recorded result), `Closed`.
+        pub fn try_set(self, index: &str, value: impl Into<Rhs>) -> () {
+            set(self, index, value.into())
+        }
+    }
+}
+
+/// The gradient of an index view (`get`): `g` written into zeros of the input's shape
+/// at the same index.
+struct GetRule(Box<str>);
+
+impl Backward for GetRule {
+    fn name(&self) -> &'static str {
+        "get"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0, false)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let z = g
+            .try_manager()?
+            .try_zeros(cx.shapes[0].clone(), g.try_dtype()?)?;
+        z.try_set(&self.0, g)?;
+        Ok([Some(z)].into_iter().collect())
     }
 }
 

@@ -8,7 +8,9 @@
 use super::NDArray;
 use super::ops::{Rhs, binary, same_dtype};
 use crate::DType;
-use crate::autograd::{self, Rule};
+use crate::autograd::{
+    self, Backward, BackwardCtx, Base, Grads, LazyGrad, LazyGrads, nones, via_arrays,
+};
 use crate::backend::cpu;
 use crate::backend::cpu::new_overwritten;
 use crate::dtype::dispatch;
@@ -232,7 +234,7 @@ fn matmul_impl(
         })
     })?;
     if trans == [false, false] {
-        autograd::record(&[x.id, y.id], id, || Rule::Matmul);
+        autograd::record(&[x.id, y.id], id, || MatmulRule);
     }
     Ok(NDArray { id })
 }
@@ -282,6 +284,123 @@ fn dot_impl(x: NDArray, y: NDArray, at: SourceLocation) -> Result<NDArray> {
         binary(x, BinOp::Mul, Rhs::Array(y), false, at)
     } else {
         matmul_impl(x, y, "dot", at, [false, false])
+    }
+}
+
+/// The gradient of numpy `matmul` (1-D operands promoted, batch dimensions summed
+/// back): `g @ yᵀ` and `xᵀ @ g`, with a lazy scale kept out of the products.
+pub(crate) struct MatmulRule;
+
+impl Backward for MatmulRule {
+    fn name(&self) -> &'static str {
+        "matmul"
+    }
+
+    fn saves(&self, n: usize) -> (u8, bool) {
+        (BackwardCtx::all(n), false)
+    }
+
+    fn backward_lazy(&self, cx: &BackwardCtx<'_>, g: LazyGrad) -> Result<LazyGrads> {
+        let Base::Arr(b) = g.base else {
+            return via_arrays(self, cx, g);
+        };
+        let scale = g.scale;
+        // The rule sums batch dimensions itself: the gradients have their inputs' shapes.
+        Ok(self
+            .backward(cx, b)?
+            .into_iter()
+            .map(|gi| gi.map(|a| LazyGrad::arr(a).scaled(scale)))
+            .collect())
+    }
+
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let (x, y) = (cx.input(0), cx.input(1));
+        let mut r: Grads = nones(2);
+        let (xs, ys) = (&cx.shapes[0], &cx.shapes[1]);
+        if xs.ndim() == 1 && ys.ndim() == 1 {
+            if cx.need(0) {
+                r[0] = Some(g.try_mul(y)?);
+            }
+            if cx.need(1) {
+                r[1] = Some(g.try_mul(x)?);
+            }
+            return Ok(r);
+        }
+        if xs.ndim() == 2 && ys.ndim() == 2 {
+            // The common case: no promotion and no batch dimensions to sum.
+            if cx.need(0) {
+                r[0] = Some(matmul_t(g, y, [false, true])?);
+            }
+            if cx.need(1) {
+                r[1] = Some(matmul_t(x, g, [true, false])?);
+            }
+            return Ok(r);
+        }
+        // Promote 1-D operands as numpy does, then the usual 2-D rules per batch.
+        let x2 = if xs.ndim() == 1 {
+            x.try_reshape([1, xs.dims()[0]])?
+        } else {
+            x
+        };
+        let y2 = if ys.ndim() == 1 {
+            y.try_reshape([ys.dims()[0], 1])?
+        } else {
+            y
+        };
+        let g2 = if xs.ndim() == 1 || ys.ndim() == 1 {
+            let gs = g.try_shape()?;
+            let mut g2dims: Dims = gs.0.clone();
+            if xs.ndim() == 1 {
+                let n = g2dims.len();
+                g2dims.insert(n - 1, 1);
+            }
+            if ys.ndim() == 1 {
+                g2dims.push(1);
+            }
+            g.try_reshape(Shape(g2dims))?
+        } else {
+            g
+        };
+        let promote = |s: &Shape, row: bool| {
+            if s.ndim() != 1 {
+                s.clone()
+            } else if row {
+                Shape::from([1, s.dims()[0]])
+            } else {
+                Shape::from([s.dims()[0], 1])
+            }
+        };
+        let (x2s, y2s) = (promote(xs, true), promote(ys, false));
+        if cx.need(0) {
+            let gx = unbroadcast_batch(matmul_t(g2, y2, [false, true])?, &x2s, &y2s)?;
+            r[0] = Some(if &x2s == xs {
+                gx
+            } else {
+                gx.try_reshape(xs.clone())?
+            });
+        }
+        if cx.need(1) {
+            let gy = unbroadcast_batch(matmul_t(x2, g2, [true, false])?, &y2s, &x2s)?;
+            r[1] = Some(if &y2s == ys {
+                gy
+            } else {
+                gy.try_reshape(ys.clone())?
+            });
+        }
+        Ok(r)
+    }
+}
+
+/// `g` (a product's gradient with the batch dimensions of both operands) summed to
+/// `shape`, an operand's shape whose batch dimensions are `batch` of `other`'s:
+/// nothing to do when the operand's batch dimensions are the broadcast ones.
+fn unbroadcast_batch(g: NDArray, shape: &Shape, other: &Shape) -> Result<NDArray> {
+    let batch = |s: &Shape| Shape(s.dims()[..s.ndim() - 2].iter().copied().collect());
+    let mine = batch(shape);
+    if Shape::broadcast(&mine, &batch(other)).as_ref() == Some(&mine) {
+        Ok(g)
+    } else {
+        g.unbroadcast(shape)
     }
 }
 

@@ -11,7 +11,7 @@ mod conv;
 mod display;
 mod dropout;
 pub(crate) mod gather;
-mod grad_rules;
+pub(crate) mod grad;
 mod index;
 pub(crate) mod linalg;
 mod logical;

@@ -7,12 +7,13 @@
 
 use super::NDArray;
 use crate::DType;
-use crate::autograd::{self, ReduceKind, Rule};
+use crate::autograd::{self, Backward, BackwardCtx, Base, Grads, LazyGrad, LazyGrads, via_arrays};
 use crate::backend::cpu;
 use crate::backend::cpu::new_overwritten;
 use crate::dtype::{Native, dispatch};
 use crate::engine::{self, Buffer, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, twins, unwrap};
+use crate::shape::keep_dims_shape;
 use crate::shape::{Dims, Shape};
 use smallvec::SmallVec;
 use std::panic::Location;
@@ -208,15 +209,8 @@ fn reduction(
         };
         Ok(Output::New { buf, shape, dtype })
     })?;
-    let kind = match op {
-        Red::Sum => ReduceKind::Sum,
-        Red::Mean => ReduceKind::Mean,
-        Red::Max => ReduceKind::Max,
-        Red::Min => ReduceKind::Min,
-        Red::Prod => ReduceKind::Prod,
-    };
-    autograd::record(&[x.id], id, || Rule::Reduce {
-        kind,
+    autograd::record(&[x.id], id, || ReduceRule {
+        kind: op,
         axes: axes.map(SmallVec::from_slice),
     });
     Ok(NDArray { id })
@@ -412,6 +406,92 @@ fn fold<T: Native, A: Copy + Send + Sync>(
     } else {
         cpu::reduce::<T, A>(a, axes, init, row)
     }
+}
+
+/// The gradient of `sum`/`mean`/`max`/`min`/`prod` over `axes` (`None`: all): `sum`
+/// and `mean` spread the gradient (lazily: all ones stay all ones), `max`/`min` share it
+/// among ties, `prod` multiplies by the product of the other elements.
+struct ReduceRule {
+    kind: Red,
+    axes: Option<SmallVec<[isize; 4]>>,
+}
+
+impl Backward for ReduceRule {
+    fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    fn saves(&self, _: usize) -> (u8, bool) {
+        match self.kind {
+            Red::Sum | Red::Mean => (0, false),
+            Red::Prod => (1, false),
+            Red::Max | Red::Min => (1, true),
+        }
+    }
+
+    fn backward_lazy(&self, cx: &BackwardCtx<'_>, g: LazyGrad) -> Result<LazyGrads> {
+        if !matches!(self.kind, Red::Sum | Red::Mean) {
+            return via_arrays(self, cx, g);
+        }
+        let xs = &cx.shapes[0];
+        let (ks, count) = keep_dims_shape(xs, &self.axes);
+        let scale = if self.kind == Red::Mean {
+            g.scale / count as f64
+        } else {
+            g.scale
+        };
+        let base = match g.base {
+            Base::Ones(_) => Base::Ones(xs.clone()),
+            Base::Arr(b) => Base::Arr(b.try_reshape(ks)?.try_broadcast_to(xs.clone())?),
+            Base::Unreduced(..) => unreachable!("settled"),
+        };
+        Ok([Some(LazyGrad { base, scale })].into_iter().collect())
+    }
+
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let (x, out, axes) = (cx.input(0), cx.output, &self.axes);
+        let xs = &cx.shapes[0];
+        let (ks, count) = keep_dims_shape(xs, axes);
+        let gk = g.try_reshape(ks.clone())?;
+        let gx = match self.kind {
+            Red::Sum => gk.try_broadcast_to(xs.clone())?,
+            Red::Mean => gk.try_div(count as f64)?.try_broadcast_to(xs.clone())?,
+            Red::Max | Red::Min => {
+                // Ties share the gradient equally.
+                let mask = x.try_eq(out.try_reshape(ks)?)?;
+                let ones = mask.try_to_dtype(g.try_dtype()?)?;
+                let n = ones.try_sum_axes(&axes_all(axes, xs.ndim()), true)?;
+                ones.try_mul(gk.try_div(n)?)?
+            }
+            Red::Prod => gk.try_mul(prod_others(x, axes, &ks)?)?,
+        };
+        Ok([Some(gx)].into_iter().collect())
+    }
+}
+
+/// For each element of `x`, the product of the other elements of its reduction group
+/// (`axes`; `ks` is the reduced shape with kept dims). Exact with zeros, as PyTorch:
+/// with no zero in a group it is `prod / x`; with one zero, the zero element gets the
+/// product of the nonzero ones and the others 0; with two or more zeros, all 0.
+fn prod_others(x: NDArray, axes: &Option<SmallVec<[isize; 4]>>, ks: &Shape) -> Result<NDArray> {
+    let nd = x.try_shape()?.ndim();
+    let axes = axes_all(axes, nd);
+    let dtype = x.try_dtype()?;
+    let m = x.try_manager()?;
+    let one = m.try_ones(Shape(Dims::new()), dtype)?;
+    let zero = m.try_zeros(Shape(Dims::new()), dtype)?;
+    let is_zero = x.try_eq(0.0)?;
+    let zeros = is_zero.try_to_dtype(dtype)?.try_sum_axes(&axes, true)?;
+    let safe = is_zero.try_where_(one, x)?;
+    let p = safe.try_prod_axes(&axes, true)?;
+    debug_assert_eq!(p.try_shape()?, *ks);
+    let at_zero = zeros.try_eq(1.0)?.try_where_(p, zero)?;
+    let elsewhere = zeros.try_eq(0.0)?.try_where_(p.try_div(safe)?, zero)?;
+    is_zero.try_where_(at_zero, elsewhere)
+}
+
+fn axes_all(axes: &Option<SmallVec<[isize; 4]>>, nd: usize) -> SmallVec<[isize; 4]> {
+    axes.clone().unwrap_or_else(|| (0..nd as isize).collect())
 }
 
 #[cfg(test)]

@@ -143,7 +143,7 @@ fn stat_reduction(
         })
     })?;
     let axes: AxisList = axes.map(SmallVec::from_slice);
-    autograd::record_custom(&[x.id], id, || StatRule { stat, axes });
+    autograd::record(&[x.id], id, || StatRule { stat, axes });
     Ok(NDArray { id })
 }
 
@@ -172,7 +172,7 @@ impl Backward for StatRule {
         (1, self.stat == Stat::Std)
     }
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
-        let x = cx.inputs[0];
+        let x = cx.input(0);
         let (ks, n) = keep_dims_shape(&cx.shapes[0], &self.axes);
         let axes: SmallVec<[isize; 4]> = match &self.axes {
             Some(a) => a.clone(),
@@ -273,7 +273,7 @@ fn norm_impl(x: NDArray, at: SourceLocation) -> Result<NDArray> {
             dtype: a.dtype,
         })
     })?;
-    autograd::record_custom(&[x.id], id, || NormRule);
+    autograd::record(&[x.id], id, || NormRule);
     Ok(NDArray { id })
 }
 
@@ -291,7 +291,7 @@ impl Backward for NormRule {
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
         let y = cx.output;
         let coef = or_zero(y.try_gt(0.0)?, g.try_div(y)?)?;
-        Ok(smallvec![Some(cx.inputs[0].try_mul(coef)?)])
+        Ok(smallvec![Some(cx.input(0).try_mul(coef)?)])
     }
 }
 
@@ -344,7 +344,7 @@ fn cumsum_impl(x: NDArray, axis: isize, reverse: bool, at: SourceLocation) -> Re
             dtype: a.dtype,
         })
     })?;
-    autograd::record_custom(&[x.id], id, || CumsumRule { axis, reverse });
+    autograd::record(&[x.id], id, || CumsumRule { axis, reverse });
     Ok(NDArray { id })
 }
 

@@ -236,7 +236,7 @@ fn unary_fn(x: NDArray, op: Fn1, alpha: f64, at: SourceLocation) -> Result<NDArr
         })
     })?;
     if op.differentiable() {
-        autograd::record_custom(&[x.id], id, || UnaryFnRule { op, alpha });
+        autograd::record(&[x.id], id, || UnaryFnRule { op, alpha });
     }
     Ok(NDArray { id })
 }
@@ -255,7 +255,7 @@ impl Backward for UnaryFnRule {
         (1, false)
     }
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
-        let (op, alpha, x) = (self.op, self.alpha, cx.inputs[0]);
+        let (op, alpha, x) = (self.op, self.alpha, cx.input(0));
         let name = op.backward_name();
         let id = engine::run_op(name, &[x.id, g.id], Location::caller(), |o| {
             let (a, b) = (&o[0], &o[1]);

@@ -1,131 +1,15 @@
 //! The backward pass: walks the tape from the loss back to the leaves, asks each
-//! node's rule for its inputs' gradients (`rules.rs`, or a [`super::Backward`] impl
-//! beside the op) and accumulates them into the parameters' gradients. Small
-//! elementwise rules run on a fast path over plain buffers ([`G`]) without making
-//! arrays.
+//! node's rule (the op's [`super::Backward`] impl, beside the op) for its inputs'
+//! gradients, kept lazy ([`LazyGrad`]) where a rule only scales or passes them on, and
+//! adds them into the parameters' gradients in place.
 
-use super::{LEAF, NO_SLOT, Node, ReduceKind, Rule, Tape};
+use super::{BackwardCtx, Base, Env, LEAF, LazyGrad, LazyGrads, NO_SLOT, Node, Tape};
 use crate::backend::cpu;
 use crate::dtype::{Native, dispatch_float};
 use crate::engine::{self, ArrayId, Layout};
 use crate::error::{NdError, Result};
-use crate::opkind::{BinOp, UnOp};
-use crate::{DType, NDArray, NDManager, Shape};
+use crate::{NDArray, NDManager, Shape};
 use smallvec::SmallVec;
-
-/// A gradient flowing backward, kept as `scale * base` so that scalar factors
-/// (`x / 2`, `mean`, `square`'s 2, `neg`) and the all-ones seed cost no op until a
-/// rule needs the array: [`G::array`].
-#[derive(Clone, Debug)]
-pub(super) struct G {
-    base: Base,
-    scale: f64,
-}
-
-#[derive(Clone, Debug)]
-enum Base {
-    /// An array (a gradient computed by a rule, or a forward array such as the input
-    /// of `square`).
-    Arr(NDArray),
-    /// All ones of this shape (the seed and what `sum`/`mean`/`reshape` make of it).
-    Ones(Shape),
-    /// An array still to be summed over its broadcast axes to this shape
-    /// ([`NDArray::unbroadcast`]): deferred so that a parameter's gradient, which gets it as
-    /// its only contribution, sums it in the kernel that adds it in (no array made).
-    /// Made an array ([`G::settle`]) before anything else reads it.
-    Unreduced(NDArray, Shape),
-}
-
-/// Where [`G::array`] creates the arrays of [`Base::Ones`]: the loss's manager and dtype.
-struct Env {
-    manager: NDManager,
-    dtype: DType,
-}
-
-impl G {
-    fn arr(a: NDArray) -> G {
-        G {
-            base: Base::Arr(a),
-            scale: 1.0,
-        }
-    }
-
-    fn scaled(self, s: f64) -> G {
-        G {
-            scale: self.scale * s,
-            ..self
-        }
-    }
-
-    /// `scale * base` as an array (no op when the scale is 1 and the base an array).
-    fn array(self, env: &Env) -> Result<NDArray> {
-        let g = self.settle()?;
-        match g.base {
-            Base::Ones(shape) => env.manager.try_full(shape, g.scale, env.dtype),
-            Base::Arr(a) if g.scale == 1.0 => Ok(a),
-            Base::Arr(a) => a.try_mul(g.scale),
-            Base::Unreduced(..) => unreachable!("settled"),
-        }
-    }
-
-    /// The same gradient with a [`Base::Unreduced`] base summed to its shape.
-    fn settle(self) -> Result<G> {
-        match self.base {
-            Base::Unreduced(a, shape) => Ok(G {
-                base: Base::Arr(a.unbroadcast(&shape)?),
-                scale: self.scale,
-            }),
-            _ => Ok(self),
-        }
-    }
-
-    /// The sum of two gradients of one array.
-    fn add(self, other: G, env: &Env) -> Result<G> {
-        let (this, other) = (self.settle()?, other.settle()?);
-        match (this.base, other.base) {
-            (Base::Ones(s), Base::Ones(_)) => Ok(G {
-                base: Base::Ones(s),
-                scale: this.scale + other.scale,
-            }),
-            (Base::Arr(a), Base::Arr(b)) if this.scale == other.scale => Ok(G {
-                base: Base::Arr(a.try_add(b)?),
-                scale: this.scale,
-            }),
-            (a, b) => {
-                let a = G { base: a, ..this }.array(env)?;
-                let b = G { base: b, ..other }.array(env)?;
-                Ok(G::arr(a.try_add(b)?))
-            }
-        }
-    }
-
-    /// [`NDArray::unbroadcast`]: summed over broadcast axes to `shape`.
-    fn unbroadcast(self, shape: &Shape) -> Result<G> {
-        match self.base {
-            Base::Ones(gs) => {
-                if gs == *shape {
-                    return Ok(G {
-                        base: Base::Ones(gs),
-                        ..self
-                    });
-                }
-                // Each element of the result sums this many ones.
-                let (n, m) = (gs.size(), shape.size());
-                let count = n.checked_div(m).map_or(1.0, |c| c as f64);
-                Ok(G {
-                    base: Base::Ones(shape.clone()),
-                    scale: self.scale * count,
-                })
-            }
-            // Summed when read (see `Base::Unreduced`).
-            Base::Arr(a) => Ok(G {
-                base: Base::Unreduced(a, shape.clone()),
-                scale: self.scale,
-            }),
-            Base::Unreduced(..) => self.settle()?.unbroadcast(shape),
-        }
-    }
-}
 
 /// Run backward over `tape`'s nodes from `loss`, adding into the parameters'
 /// gradients. The gradient of a node's output is kept in its slot (the node's index)
@@ -139,14 +23,14 @@ pub(super) fn run(tape: &mut Tape, loss: NDArray) -> Result<()> {
 }
 
 /// [`run`] with `slots` (empty) as the scratch for the gradients.
-fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<G>>) -> Result<()> {
+fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<LazyGrad>>) -> Result<()> {
     let nodes = &tape.nodes;
     let (shape, dtype, manager, loss_is_param) = engine::loss_info(loss.id)?;
     let env = Env {
         manager: NDManager { id: manager },
         dtype,
     };
-    let seed = G {
+    let seed = LazyGrad {
         base: Base::Ones(shape),
         scale: 1.0,
     };
@@ -199,7 +83,7 @@ fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<G>>) -> Result<()> 
     // changing any of them. The common case takes one engine lock for all of them.
     let ids = tape.leaf_ids.iter().copied().chain(loss_leaf);
     let mut params: SmallVec<[ArrayId; 4]> = SmallVec::new();
-    let mut gs: SmallVec<[G; 4]> = SmallVec::new();
+    let mut gs: SmallVec<[LazyGrad; 4]> = SmallVec::new();
     for (id, g) in ids.zip(leaves.iter_mut()) {
         if let Some(g) = g.take() {
             params.push(id);
@@ -246,7 +130,7 @@ fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<G>>) -> Result<()> 
     if done {
         return Ok(());
     }
-    let mut updates: SmallVec<[(NDArray, G); 4]> = SmallVec::new();
+    let mut updates: SmallVec<[(NDArray, LazyGrad); 4]> = SmallVec::new();
     for (id, g) in params.into_iter().zip(gs) {
         if let Ok(Some(pg)) = engine::grad(id) {
             updates.push((NDArray { id: pg }, g.settle()?));
@@ -285,7 +169,7 @@ fn unbroadcast_sums<T: Native>(b: &engine::Operand<'_>, shape: &Shape) -> cpu::A
 }
 
 /// `pg += g` in place, with `g`'s scale fused into the kernel.
-fn accumulate(pg: NDArray, g: G) -> Result<()> {
+fn accumulate(pg: NDArray, g: LazyGrad) -> Result<()> {
     const OP: &str = "backward";
     let scale = g.scale;
     match g.base {
@@ -326,140 +210,27 @@ fn accumulate(pg: NDArray, g: G) -> Result<()> {
     }
 }
 
-/// The gradients of `node`'s inputs (None where not needed) given its output's `g`:
-/// the rules that only scale, reshape or pass `g` on keep it lazy; the others get it
-/// as an array ([`input_grads_arr`]).
-fn input_grads(node: &Node, g: G, env: &Env) -> Result<SmallVec<[Option<G>; 3]>> {
+/// The gradients of `node`'s inputs (None where not needed) given its output's `g`,
+/// from the node's rule.
+fn input_grads(node: &Node, g: LazyGrad, env: &Env) -> Result<LazyGrads> {
     let g = g.settle()?;
-    let need = |i: usize| node.needs & (1 << i) != 0;
-    let x = arr(node.inputs[0]);
-    let mut r: SmallVec<[Option<G>; 3]> = nones(node.inputs.len());
-    let ones = matches!(g.base, Base::Ones(_));
-    match &node.rule {
-        Rule::Binary(op @ (BinOp::Add | BinOp::Sub)) => {
-            // `g` has the output's shape: an input of that shape takes it as it is.
-            let out = Shape::broadcast(&node.shapes[0], &node.shapes[1]);
-            let fit = |g: G, i: usize| -> Result<G> {
-                if out.as_ref() == Some(&node.shapes[i]) {
-                    Ok(g)
-                } else {
-                    g.unbroadcast(&node.shapes[i])
-                }
-            };
-            if need(1) {
-                let gy = if *op == BinOp::Sub {
-                    g.clone().scaled(-1.0)
-                } else {
-                    g.clone()
-                };
-                r[1] = Some(fit(gy, 1)?);
-            }
-            if need(0) {
-                r[0] = Some(fit(g, 0)?);
-            }
-            return Ok(r);
-        }
-        Rule::Binary(BinOp::Mul) if !ones => {
-            let Base::Arr(b) = g.base else { unreachable!() };
-            let y = arr(node.inputs[1]);
-            for (i, other) in [(0, y), (1, x)] {
-                if need(i) {
-                    let gi = G {
-                        base: Base::Arr(b.try_mul(other)?),
-                        scale: g.scale,
-                    };
-                    r[i] = Some(gi.unbroadcast(&node.shapes[i])?);
-                }
-            }
-            return Ok(r);
-        }
-        Rule::Scalar { op, s, left } => {
-            let s = *s;
-            let gx = match (op, left) {
-                (BinOp::Add, _) | (BinOp::Sub, false) => Some(g.clone()),
-                (BinOp::Sub, true) => Some(g.clone().scaled(-1.0)),
-                (BinOp::Mul, _) => Some(g.clone().scaled(s)),
-                (BinOp::Div, false) => Some(G {
-                    scale: g.scale / s,
-                    ..g.clone()
-                }),
-                _ => None,
-            };
-            if let Some(gx) = gx {
-                r[0] = Some(gx);
-                return Ok(r);
-            }
-        }
-        Rule::Unary(UnOp::Neg) => {
-            r[0] = Some(g.scaled(-1.0));
-            return Ok(r);
-        }
-        Rule::Unary(op @ (UnOp::Square | UnOp::Exp)) => {
-            // square: g * x * 2; exp: g * out.
-            let (by, factor) = if *op == UnOp::Square {
-                (x, 2.0)
-            } else {
-                (arr(node.output), 1.0)
-            };
-            let base = match g.base {
-                Base::Ones(_) => by,
-                Base::Arr(b) => b.try_mul(by)?,
-                Base::Unreduced(..) => unreachable!("settled"),
-            };
-            r[0] = Some(G {
-                base: Base::Arr(base),
-                scale: g.scale * factor,
-            });
-            return Ok(r);
-        }
-        Rule::Reduce {
-            kind: kind @ (ReduceKind::Sum | ReduceKind::Mean),
-            axes,
-        } => {
-            let xs = &node.shapes[0];
-            let (ks, count) = keep_dims_shape(xs, axes);
-            let scale = if *kind == ReduceKind::Mean {
-                g.scale / count as f64
-            } else {
-                g.scale
-            };
-            let base = match g.base {
-                Base::Ones(_) => Base::Ones(xs.clone()),
-                Base::Arr(b) => Base::Arr(b.try_reshape(ks)?.try_broadcast_to(xs.clone())?),
-                Base::Unreduced(..) => unreachable!("settled"),
-            };
-            r[0] = Some(G { base, scale });
-            return Ok(r);
-        }
-        Rule::Matmul if !ones => {
-            let Base::Arr(b) = g.base else { unreachable!() };
-            let scale = g.scale;
-            let gs = node.input_grads(b)?;
-            return Ok(gs
-                .into_iter()
-                .map(|gi| gi.map(|a| G::arr(a).scaled(scale)))
-                .collect());
-        }
-        Rule::Reshape | Rule::Permute(_) if ones => {
-            r[0] = Some(G {
-                base: Base::Ones(node.shapes[0].clone()),
-                scale: g.scale,
-            });
-            return Ok(r);
-        }
-        Rule::BroadcastTo => {
-            r[0] = Some(g.unbroadcast(&node.shapes[0])?);
-            return Ok(r);
-        }
-        _ => {}
+    let cx = BackwardCtx {
+        ids: &node.inputs,
+        shapes: &node.shapes,
+        output: arr(node.output),
+        needs: node.needs,
+        env,
+    };
+    let mut r = node.rule.backward_lazy(&cx, g)?;
+    if r.len() != node.inputs.len() {
+        r.resize(node.inputs.len(), None);
     }
-    let g = g.array(env)?;
-    Ok(node
-        .input_grads(g)?
-        .into_iter()
-        .map(|gi| gi.map(G::arr))
-        .collect())
+    for (i, gi) in r.iter_mut().enumerate() {
+        if !cx.need(i) {
+            *gi = None;
+        }
+    }
+    Ok(r)
 }
 
-use super::{arr, nones};
-use crate::shape::keep_dims_shape;
+use super::arr;

@@ -67,12 +67,14 @@
 //! * One collector per thread at a time; recording covers only ops run on its thread.
 
 pub(crate) mod backward;
+mod lazy;
+
+pub(crate) use lazy::{Base, Env, LazyGrad};
 
 use crate::backend::cpu;
 use crate::dtype::{ScalarValue, dispatch};
 use crate::engine::{self, ArrayId};
 use crate::error::{NdError, Result, twins, unwrap};
-use crate::shape::Dims;
 use crate::{NDArray, NDScope, Shape};
 use smallvec::SmallVec;
 use std::cell::{Cell, RefCell};
@@ -80,67 +82,63 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::marker::PhantomData;
 
-pub(crate) use crate::opkind::{BinOp, UnOp};
-
-/// What a tape node computed, with the constants its gradient rule needs.
-#[derive(Clone, Debug)]
+/// A tape node's gradient rule: the op's [`Backward`] impl with its constants, boxed
+/// ([`Backward::into_rule`]), or a `'static` one where the op alone is the constant
+/// (`add`, `exp`: no allocation per recorded op). Rules without data (matmul, reshape,
+/// where) are zero-sized, so boxing them allocates nothing either.
 pub(crate) enum Rule {
-    /// `x op y` of two arrays (broadcasting).
-    Binary(BinOp),
-    /// `x op s`, or `s op x` when `left`.
-    Scalar { op: BinOp, s: f64, left: bool },
-    /// Elementwise unary math.
-    Unary(UnOp),
-    /// `sum`/`mean`/`max`/`min`/`prod` over `axes` (`None`: all).
-    Reduce {
-        kind: ReduceKind,
-        axes: Option<SmallVec<[isize; 4]>>,
-    },
-    /// numpy `matmul`.
-    Matmul,
-    /// reshape, flatten, expand_dims, squeeze: same elements, another shape.
-    Reshape,
-    /// permute/transpose (`None`: reverse the axes).
-    Permute(Option<Dims>),
-    /// broadcast_to.
-    BroadcastTo,
-    /// An index view (`get`).
-    Get(Box<str>),
-    /// `where_(cond, x, y)`: inputs are cond, x, y.
-    Where,
-    /// concat (`stack == false`) or stack along an axis.
-    Concat { axis: isize, stack: bool },
-    /// A float-to-float dtype conversion.
-    ToDType,
-    /// An op whose rule lives beside the op ([`Backward`]): new ops use this, so an op
-    /// and its gradient are written (and reviewed) in one place.
-    Custom(std::sync::Arc<dyn Backward>),
+    /// A rule that is a constant.
+    Static(&'static dyn Backward),
+    /// A rule with constants of its own.
+    Owned(Box<dyn Backward>),
 }
 
-/// What a [`Backward`] rule sees: the node's inputs (live where [`Backward::saves`]
-/// asked for them), their shapes and dtypes, the output, and which inputs need a
-/// gradient.
+impl std::ops::Deref for Rule {
+    type Target = dyn Backward;
+    fn deref(&self) -> &(dyn Backward + 'static) {
+        match self {
+            Rule::Static(r) => *r,
+            Rule::Owned(b) => &**b,
+        }
+    }
+}
+
+/// What a [`Backward`] rule sees: the node's inputs ([`BackwardCtx::input`]; live where [`Backward::saves`]
+/// asked for them), their shapes, the output, which inputs need a gradient, and where
+/// a lazy gradient becomes an array ([`LazyGrad::array`]).
 pub(crate) struct BackwardCtx<'a> {
-    pub inputs: &'a [NDArray],
-    #[allow(dead_code)] // for rules that rebuild an input's shape (index ops)
+    pub ids: &'a [ArrayId],
     pub shapes: &'a [Shape],
     pub output: NDArray,
     pub needs: u8,
+    pub env: &'a Env,
 }
 
 impl BackwardCtx<'_> {
+    /// Input `i`.
+    pub fn input(&self, i: usize) -> NDArray {
+        arr(self.ids[i])
+    }
+
     /// Whether input `i` needs a gradient.
     pub fn need(&self, i: usize) -> bool {
         self.needs & (1 << i) != 0
     }
+
+    /// Every input's bit (for [`Backward::saves`] of an op that reads them all).
+    pub fn all(n_inputs: usize) -> u8 {
+        ((1u16 << n_inputs) - 1) as u8
+    }
 }
 
-/// The gradient rule of one op, kept beside the op: see [`Rule::Custom`].
+/// The gradient rule of one op, written beside the op (the one mechanism: every
+/// differentiable op records a `Backward` value when a collector records it).
 ///
 /// `backward` is called with ops unrecorded, inside the scope `backward` opens; it
 /// returns one gradient per input (`None` where [`BackwardCtx::need`] is false or the
-/// input has no gradient), each of its input's shape (or broadcastable to it: the
-/// caller reduces over broadcast axes).
+/// input has no gradient), each of its input's shape or broadcastable to it: the pass
+/// sums it over the broadcast axes ([`LazyGrad::unbroadcast`]). It is written with
+/// ndscope ops, so it runs wherever the ops run.
 pub(crate) trait Backward: Send + Sync + 'static {
     /// The op's name (for `Debug`).
     fn name(&self) -> &'static str;
@@ -154,75 +152,50 @@ pub(crate) trait Backward: Send + Sync + 'static {
     }
     /// The inputs' gradients given the output's gradient `g`.
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads>;
+    /// This rule as a tape node stores it: boxed, unless the rule overrides this with a
+    /// `'static` value.
+    fn into_rule(self) -> Rule
+    where
+        Self: Sized,
+    {
+        Rule::Owned(Box::new(self))
+    }
+    /// [`Backward::backward`] on a lazy gradient. A rule that only scales, reshapes or
+    /// passes `g` on overrides it to keep `g` lazy (no op run); the default makes `g`
+    /// an array: [`via_arrays`].
+    fn backward_lazy(&self, cx: &BackwardCtx<'_>, g: LazyGrad) -> Result<LazyGrads> {
+        via_arrays(self, cx, g)
+    }
 }
 
 /// One optional gradient per input of a node.
 pub(crate) type Grads = SmallVec<[Option<NDArray>; 3]>;
+/// One optional lazy gradient per input of a node.
+pub(crate) type LazyGrads = SmallVec<[Option<LazyGrad>; 3]>;
+
+/// [`Backward::backward_lazy`] through arrays: `g` made an array, `rule.backward`, and
+/// each needed gradient marked to be summed to its input's shape.
+pub(crate) fn via_arrays<B: Backward + ?Sized>(
+    rule: &B,
+    cx: &BackwardCtx<'_>,
+    g: LazyGrad,
+) -> Result<LazyGrads> {
+    let g = g.array(cx.env)?;
+    let gs = rule.backward(cx, g)?;
+    let mut r = nones(cx.ids.len());
+    for (i, gi) in gs.into_iter().enumerate().take(cx.ids.len()) {
+        if let Some(v) = gi
+            && cx.need(i)
+        {
+            r[i] = Some(LazyGrad::arr(v).unbroadcast(&cx.shapes[i])?);
+        }
+    }
+    Ok(r)
+}
+
 impl std::fmt::Debug for dyn Backward {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// Record op `output = f(inputs)` with a [`Backward`] rule built only when recording.
-#[inline]
-pub(crate) fn record_custom<B: Backward>(
-    inputs: &[ArrayId],
-    output: ArrayId,
-    rule: impl FnOnce() -> B,
-) {
-    record(inputs, output, || Rule::Custom(std::sync::Arc::new(rule())));
-}
-
-/// The reductions with a gradient.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ReduceKind {
-    /// sum
-    Sum,
-    /// mean
-    Mean,
-    /// max (ties share the gradient)
-    Max,
-    /// min (ties share the gradient)
-    Min,
-    /// prod (the product of the other elements; exact with zeros)
-    Prod,
-}
-
-impl Rule {
-    /// Which inputs (bit mask) and whether the output the rule reads in backward.
-    fn saves(&self, n_inputs: usize) -> (u8, bool) {
-        let all = ((1u16 << n_inputs) - 1) as u8;
-        match self {
-            Rule::Binary(BinOp::Add | BinOp::Sub) => (0, false),
-            Rule::Binary(BinOp::Pow) => (all, true),
-            Rule::Binary(_) => (all, false),
-            Rule::Scalar { op, left, .. } => match op {
-                BinOp::Add | BinOp::Sub | BinOp::Mul => (0, false),
-                BinOp::Div if !left => (0, false),
-                BinOp::Pow if *left => (0, true),
-                _ => (1, false),
-            },
-            Rule::Unary(op) => match op {
-                UnOp::Neg => (0, false),
-                UnOp::Exp | UnOp::Sqrt | UnOp::Tanh | UnOp::Sigmoid => (0, true),
-                _ => (1, false),
-            },
-            Rule::Reduce { kind, .. } => match kind {
-                ReduceKind::Sum | ReduceKind::Mean => (0, false),
-                ReduceKind::Prod => (1, false),
-                _ => (1, true),
-            },
-            Rule::Matmul => (all, false),
-            Rule::Where => (1, false),
-            Rule::Reshape
-            | Rule::Permute(_)
-            | Rule::BroadcastTo
-            | Rule::Get(_)
-            | Rule::Concat { .. }
-            | Rule::ToDType => (0, false),
-            Rule::Custom(b) => b.saves(n_inputs),
-        }
     }
 }
 
@@ -305,7 +278,7 @@ pub(crate) struct Tape {
     /// Arrays the nodes hold (released by [`Tape::clear`]).
     held: Vec<ArrayId>,
     /// Scratch for backward: the gradients of the nodes' outputs, then of the leaves.
-    slots: Vec<Option<backward::G>>,
+    slots: Vec<Option<LazyGrad>>,
 }
 
 impl Tape {
@@ -406,10 +379,12 @@ pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
 /// Record op `rule` with `inputs` and result `output` on this thread's tape, if a
 /// collector is recording and an input is tracked. One thread-local read otherwise.
 #[inline]
-pub(crate) fn record(inputs: &[ArrayId], output: ArrayId, rule: impl FnOnce() -> Rule) {
+pub(crate) fn record<B: Backward>(inputs: &[ArrayId], output: ArrayId, rule: impl FnOnce() -> B) {
     if RECORDING.with(Cell::get) {
         let mut rule = Some(rule);
-        record_slow(inputs, output, &mut || rule.take().expect("called once")());
+        record_slow(inputs, output, &mut || {
+            rule.take().expect("called once")().into_rule()
+        });
     }
 }
 
@@ -470,9 +445,7 @@ fn record_slow(inputs: &[ArrayId], output: ArrayId, rule: &mut dyn FnMut() -> Ru
     if out {
         held.push(output);
     }
-    if let Rule::Custom(b) = &rule {
-        held.extend(b.extra());
-    }
+    held.extend(rule.extra());
     engine::hold_all(&mut held);
     TAPE.with(|t| {
         let mut t = t.borrow_mut();

@@ -43,7 +43,7 @@ fn embedding_impl(table: NDArray, ids: NDArray, at: SourceLocation) -> Result<ND
             dtype: t.dtype,
         })
     })?;
-    autograd::record_custom(&[table.id, ids.id], id, || EmbeddingRule);
+    autograd::record(&[table.id, ids.id], id, || EmbeddingRule);
     Ok(NDArray { id })
 }
 
@@ -65,7 +65,7 @@ impl Backward for EmbeddingRule {
         const OP: &str = "embedding_grad";
         let shape = cx.shapes[0].clone();
         let (v, d) = (shape.dims()[0], shape.dims()[1]);
-        let id = engine::run_op(OP, &[g.id, cx.inputs[1].id], Location::caller(), |o| {
+        let id = engine::run_op(OP, &[g.id, cx.input(1).id], Location::caller(), |o| {
             let rows = int_ids(OP, &o[1], v, "id")?;
             let buf = dispatch_float!(o[0].dtype, T => {
                 let gd = cpu::to_vec::<T>(&o[0]);

@@ -56,7 +56,7 @@ fn cross_entropy_impl(logits: NDArray, labels: NDArray, at: SourceLocation) -> R
         })
     })?;
     if let Some((soft, shape, dtype)) = saved {
-        autograd::record_custom(&[logits.id, labels.id], id, || CrossEntropyRule {
+        autograd::record(&[logits.id, labels.id], id, || CrossEntropyRule {
             softmax: Saved::new(id, soft, shape, dtype),
         });
     }
@@ -84,15 +84,11 @@ impl Backward for CrossEntropyRule {
         }
         const OP: &str = "cross_entropy_grad";
         let p = self.softmax.get(OP)?;
-        let id = engine::run_op(
-            OP,
-            &[p.id, g.id, cx.inputs[1].id],
-            Location::caller(),
-            |o| {
-                let (pd, gd) = (o[0].shape().dims(), &o[1]);
-                let (n, c) = (pd[0], pd[1]);
-                let labels = int_ids(OP, &o[2], c, "label")?;
-                let buf = dispatch_float!(o[0].dtype, T => {
+        let id = engine::run_op(OP, &[p.id, g.id, cx.input(1).id], Location::caller(), |o| {
+            let (pd, gd) = (o[0].shape().dims(), &o[1]);
+            let (n, c) = (pd[0], pd[1]);
+            let labels = int_ids(OP, &o[2], c, "label")?;
+            let buf = dispatch_float!(o[0].dtype, T => {
                 let scale = cpu::to_vec::<T>(gd)[0].to_f64() / n as f64;
                 let scale = T::from_f64(scale);
                 let src = cpu::to_vec::<T>(&o[0]);
@@ -100,13 +96,12 @@ impl Backward for CrossEntropyRule {
                     cross_entropy_grad_kernel(&src, &labels, c, scale, out)
                 })?
             }, else return Err(engine::unsupported(OP, &o[0])));
-                Ok(Output::New {
-                    buf,
-                    shape: Shape::from([n, c]),
-                    dtype: o[0].dtype,
-                })
-            },
-        )?;
+            Ok(Output::New {
+                buf,
+                shape: Shape::from([n, c]),
+                dtype: o[0].dtype,
+            })
+        })?;
         Ok(smallvec![Some(NDArray { id }), None])
     }
 }
@@ -150,7 +145,7 @@ fn loss_impl(x: NDArray, target: NDArray, kind: Loss, at: SourceLocation) -> Res
             dtype: a.dtype,
         })
     })?;
-    autograd::record_custom(&[x.id, target.id], id, || LossRule { kind });
+    autograd::record(&[x.id, target.id], id, || LossRule { kind });
     Ok(NDArray { id })
 }
 
@@ -169,7 +164,7 @@ impl Backward for LossRule {
         (0b11, false)
     }
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
-        let (x, t) = (cx.inputs[0], cx.inputs[1]);
+        let (x, t) = (cx.input(0), cx.input(1));
         let n = cx.shapes[0].size() as f64;
         Ok(match self.kind {
             Loss::Mse => {

@@ -18,7 +18,8 @@ mod softmax;
 use super::NDArray;
 use super::ops::{broadcast_shape, same_dtype};
 use crate::DType;
-use crate::autograd::{self, Backward, BackwardCtx, Grads, Rule};
+use crate::array::grad::zero_like;
+use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu;
 use crate::backend::cpu::new_filled;
 use crate::backend::cpu::nn::{one_hot_kernel, select};
@@ -96,7 +97,7 @@ fn clip_impl(x: NDArray, min: f64, max: f64, at: SourceLocation) -> Result<NDArr
             dtype: a.dtype,
         })
     })?;
-    autograd::record_custom(&[x.id], id, || ClipRule { min, max });
+    autograd::record(&[x.id], id, || ClipRule { min, max });
     Ok(NDArray { id })
 }
 
@@ -114,7 +115,7 @@ impl Backward for ClipRule {
         (1, false)
     }
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
-        let x = cx.inputs[0];
+        let x = cx.input(0);
         let zero = g.try_manager()?.try_zeros([], g.try_dtype()?)?;
         let below_max = x.try_le(self.max)?.try_where_(g, zero)?;
         Ok(smallvec![Some(
@@ -144,7 +145,7 @@ fn where_impl(cond: NDArray, x: NDArray, y: NDArray, at: SourceLocation) -> Resu
             dtype: a.dtype,
         })
     })?;
-    autograd::record(&[cond.id, x.id, y.id], id, || Rule::Where);
+    autograd::record(&[cond.id, x.id, y.id], id, || WhereRule);
     Ok(NDArray { id })
 }
 
@@ -285,4 +286,29 @@ fn int_ids(op: &'static str, ids: &Operand<'_>, limit: usize, what: &str) -> Res
         });
     }
     Ok(v)
+}
+
+/// The gradient of `where_(cond, x, y)`: `g` where `cond` to `x`, elsewhere to `y`
+/// (`cond` has none).
+struct WhereRule;
+
+impl Backward for WhereRule {
+    fn name(&self) -> &'static str {
+        "where"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (1, false)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let cond = cx.input(0);
+        let zero = zero_like(g)?;
+        let mut r = autograd::nones(3);
+        if cx.need(1) {
+            r[1] = Some(cond.try_where_(g, zero)?);
+        }
+        if cx.need(2) {
+            r[2] = Some(cond.try_where_(zero, g)?);
+        }
+        Ok(r)
+    }
 }

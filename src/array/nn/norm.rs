@@ -56,14 +56,14 @@ impl Backward for NormRule {
     }
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
         let (x, mean, rstd) = (
-            cx.inputs[0],
+            cx.input(0),
             self.mean.get(self.op)?,
             self.rstd.get(self.op)?,
         );
         let gamma = match (self.has_gamma, &self.channel) {
             (false, _) => None,
-            (true, None) => Some(cx.inputs[1]),
-            (true, Some(shape)) => Some(cx.inputs[1].try_reshape(shape.clone())?),
+            (true, None) => Some(cx.input(1)),
+            (true, Some(shape)) => Some(cx.input(1).try_reshape(shape.clone())?),
         };
         let axes = &self.axes[..];
         let xhat = x_hat(x, mean, rstd)?;
@@ -171,7 +171,7 @@ fn layer_norm_impl(
         })
     })?;
     if let Some((mean, rstd, stats_shape, dtype)) = saved {
-        autograd::record_custom(&ids, id, || NormRule {
+        autograd::record(&ids, id, || NormRule {
             op: OP,
             axes: axes.iter().copied().collect(),
             channel: None,
@@ -306,7 +306,7 @@ fn batch_norm_impl(
     rec.extend(gamma.map(|a| a.id));
     rec.extend(beta.map(|a| a.id));
     let ndim = stats_shape.ndim();
-    autograd::record_custom(&rec, id, || NormRule {
+    autograd::record(&rec, id, || NormRule {
         op: OP,
         axes: (0..ndim as isize).filter(|&d| d != 1).collect(),
         channel: {

@@ -24,7 +24,7 @@ fn softmax_impl(x: NDArray, axis: isize, log: bool, at: SourceLocation) -> Resul
             dtype: a.dtype,
         })
     })?;
-    autograd::record_custom(&[x.id], id, || SoftmaxRule { axis, log });
+    autograd::record(&[x.id], id, || SoftmaxRule { axis, log });
     Ok(NDArray { id })
 }
 

@@ -12,13 +12,13 @@ mod rearrange;
 
 use super::NDArray;
 use super::axis::normalize_axis;
-use crate::autograd::{self, Rule};
+use crate::autograd::{self, Backward, BackwardCtx, Base, Grads, LazyGrad, LazyGrads, via_arrays};
 use crate::backend::cpu;
 use crate::backend::cpu::copy::copy_strided;
 use crate::backend::cpu::new_filled;
 use crate::dtype::{Native, dispatch};
 use crate::engine::{self, Layout, Operand, Output};
-use crate::error::{NdError, Result, SourceLocation, twins, unwrap};
+use crate::error::{NdError, Result, SourceLocation, twins};
 use crate::layout::Strides;
 use crate::shape::Dims;
 use crate::{DType, Shape};
@@ -66,7 +66,7 @@ fn reshape(x: NDArray, shape: Shape, at: SourceLocation) -> Result<NDArray> {
         }
         reshape_output(o, shape)
     })?;
-    autograd::record(&[x.id], id, || Rule::Reshape);
+    autograd::record(&[x.id], id, || ReshapeRule);
     Ok(NDArray { id })
 }
 
@@ -152,7 +152,7 @@ fn permute(x: NDArray, axes: Option<&[usize]>, at: SourceLocation) -> Result<NDA
             layout: permuted(o.layout, &perm),
         })
     })?;
-    autograd::record(&[x.id], id, || Rule::Permute(axes.map(Dims::from_slice)));
+    autograd::record(&[x.id], id, || PermuteRule(axes.map(Dims::from_slice)));
     Ok(NDArray { id })
 }
 
@@ -181,7 +181,7 @@ fn expand_dims(x: NDArray, axis: isize, at: SourceLocation) -> Result<NDArray> {
             },
         })
     })?;
-    autograd::record(&[x.id], id, || Rule::Reshape);
+    autograd::record(&[x.id], id, || ReshapeRule);
     Ok(NDArray { id })
 }
 
@@ -211,7 +211,7 @@ fn squeeze(x: NDArray, axis: Option<isize>, at: SourceLocation) -> Result<NDArra
             layout: permuted(l, &keep),
         })
     })?;
-    autograd::record(&[x.id], id, || Rule::Reshape);
+    autograd::record(&[x.id], id, || ReshapeRule);
     Ok(NDArray { id })
 }
 
@@ -236,7 +236,7 @@ fn broadcast_to(x: NDArray, shape: Shape, at: SourceLocation) -> Result<NDArray>
             dtype: o.dtype,
         })
     })?;
-    autograd::record(&[x.id], id, || Rule::BroadcastTo);
+    autograd::record(&[x.id], id, || BroadcastToRule);
     Ok(NDArray { id })
 }
 
@@ -321,7 +321,7 @@ fn concat(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray
         }
         gather(ops, &shape, &strides, &bases)
     })?;
-    autograd::record(&ids, id, || Rule::Concat { axis, stack: false });
+    autograd::record(&ids, id, || ConcatRule { axis, stack: false });
     Ok(NDArray { id })
 }
 
@@ -358,7 +358,7 @@ fn stack(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray>
         let bases: Vec<usize> = (0..ops.len()).map(|i| i * step).collect();
         gather(ops, &shape, &strides, &bases)
     })?;
-    autograd::record(&ids, id, || Rule::Concat { axis, stack: true });
+    autograd::record(&ids, id, || ConcatRule { axis, stack: true });
     Ok(NDArray { id })
 }
 
@@ -371,7 +371,8 @@ fn to_dtype(x: NDArray, dtype: DType, at: SourceLocation) -> Result<NDArray> {
             dtype,
         })
     })?;
-    autograd::record(&[x.id], id, || Rule::ToDType);
+    // The input's dtype is read when recording: the tape does not hold the input.
+    autograd::record(&[x.id], id, || ToDTypeRule(x.try_dtype().unwrap_or(dtype)));
     Ok(NDArray { id })
 }
 
@@ -539,55 +540,49 @@ impl NDArray {
         }
     }
 
-    /// Join arrays along an existing axis (negative counts from the end) into a new
-    /// array owned by the first array's manager. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::{NDArray, NDManager};
-    /// let m = NDManager::new();
-    /// let a = m.create(&[1, 2, 3, 4], [2, 2]);
-    /// let b = m.create(&[5, 6], [2, 1]);
-    /// let c = NDArray::concat(&[a, b], 1);
-    /// assert_eq!(c.shape().dims(), &[2, 3]);
-    /// assert_eq!(c.to_vec::<i32>()?, vec![1, 2, 5, 3, 4, 6]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn concat(arrays: &[NDArray], axis: isize) -> NDArray {
-        unwrap(concat(arrays, axis, Location::caller()))
-    }
+    twins! {
+        /// Join arrays along an existing axis (negative counts from the end) into a new
+        /// array owned by the first array's manager. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::{NDArray, NDManager};
+        /// let m = NDManager::new();
+        /// let a = m.create(&[1, 2, 3, 4], [2, 2]);
+        /// let b = m.create(&[5, 6], [2, 1]);
+        /// let c = NDArray::concat(&[a, b], 1);
+        /// assert_eq!(c.shape().dims(), &[2, 3]);
+        /// assert_eq!(c.to_vec::<i32>()?, vec![1, 2, 5, 3, 4, 6]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn concat,
 
-    /// [`NDArray::concat`]. Errors: `InvalidArgument` (empty list), `DTypeMismatch`,
-    /// `InvalidShape` (0-d inputs, or shapes differing off `axis`), `AxisOutOfRange`,
-    /// `Closed`.
-    #[track_caller]
-    pub fn try_concat(arrays: &[NDArray], axis: isize) -> Result<NDArray> {
-        concat(arrays, axis, Location::caller())
-    }
+        /// [`NDArray::concat`]. Errors: `InvalidArgument` (empty list), `DTypeMismatch`,
+        /// `InvalidShape` (0-d inputs, or shapes differing off `axis`), `AxisOutOfRange`,
+        /// `Closed`.
+        pub fn try_concat(arrays: &[NDArray], axis: isize) -> NDArray {
+            concat(arrays, axis, Location::caller())
+        }
 
-    /// Join arrays of one shape along a new axis at position `axis` of the result
-    /// (negative counts from the end) into a new array owned by the first array's
-    /// manager. Panics on error.
-    ///
-    /// ```
-    /// use ndscope::{NDArray, NDManager};
-    /// let m = NDManager::new();
-    /// let a = m.create(&[1, 2], [2]);
-    /// let b = m.create(&[3, 4], [2]);
-    /// assert_eq!(NDArray::stack(&[a, b], 0).to_vec::<i32>()?, vec![1, 2, 3, 4]);
-    /// assert_eq!(NDArray::stack(&[a, b], 1).to_vec::<i32>()?, vec![1, 3, 2, 4]);
-    /// # Ok::<(), ndscope::NdError>(())
-    /// ```
-    #[track_caller]
-    pub fn stack(arrays: &[NDArray], axis: isize) -> NDArray {
-        unwrap(stack(arrays, axis, Location::caller()))
-    }
+        /// Join arrays of one shape along a new axis at position `axis` of the result
+        /// (negative counts from the end) into a new array owned by the first array's
+        /// manager. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::{NDArray, NDManager};
+        /// let m = NDManager::new();
+        /// let a = m.create(&[1, 2], [2]);
+        /// let b = m.create(&[3, 4], [2]);
+        /// assert_eq!(NDArray::stack(&[a, b], 0).to_vec::<i32>()?, vec![1, 2, 3, 4]);
+        /// assert_eq!(NDArray::stack(&[a, b], 1).to_vec::<i32>()?, vec![1, 3, 2, 4]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn stack,
 
-    /// [`NDArray::stack`]. Errors: `InvalidArgument` (empty list), `DTypeMismatch`,
-    /// `InvalidShape` (shapes differ), `AxisOutOfRange`, `Closed`.
-    #[track_caller]
-    pub fn try_stack(arrays: &[NDArray], axis: isize) -> Result<NDArray> {
-        stack(arrays, axis, Location::caller())
+        /// [`NDArray::stack`]. Errors: `InvalidArgument` (empty list), `DTypeMismatch`,
+        /// `InvalidShape` (shapes differ), `AxisOutOfRange`, `Closed`.
+        pub fn try_stack(arrays: &[NDArray], axis: isize) -> NDArray {
+            stack(arrays, axis, Location::caller())
+        }
     }
 
     twins! {
@@ -623,4 +618,135 @@ fn cast(o: &Operand<'_>, to: DType) -> Result<cpu::Buffer> {
             cpu::map_unary::<S, D>(o, |x| D::from_i64(x.to_i64()))
         }
     }))
+}
+
+/// All ones of the input's shape stay all ones through a reshape or a permutation.
+fn ones_through(cx: &BackwardCtx<'_>, g: &LazyGrad) -> Option<LazyGrads> {
+    g.is_ones().then(|| {
+        let ones = LazyGrad {
+            base: Base::Ones(cx.shapes[0].clone()),
+            scale: g.scale,
+        };
+        [Some(ones)].into_iter().collect()
+    })
+}
+
+/// The gradient of reshape, flatten, expand_dims and squeeze: `g` in the input's shape.
+struct ReshapeRule;
+
+impl Backward for ReshapeRule {
+    fn name(&self) -> &'static str {
+        "reshape"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0, false)
+    }
+    fn backward_lazy(&self, cx: &BackwardCtx<'_>, g: LazyGrad) -> Result<LazyGrads> {
+        ones_through(cx, &g).map_or_else(|| via_arrays(self, cx, g), Ok)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        Ok([Some(g.try_reshape(cx.shapes[0].clone())?)]
+            .into_iter()
+            .collect())
+    }
+}
+
+/// The gradient of permute/transpose (`None`: the axes reversed): the inverse
+/// permutation of `g`.
+struct PermuteRule(Option<Dims>);
+
+impl Backward for PermuteRule {
+    fn name(&self) -> &'static str {
+        "permute"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0, false)
+    }
+    fn backward_lazy(&self, cx: &BackwardCtx<'_>, g: LazyGrad) -> Result<LazyGrads> {
+        ones_through(cx, &g).map_or_else(|| via_arrays(self, cx, g), Ok)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let nd = cx.shapes[0].ndim();
+        let perm: Dims = self.0.clone().unwrap_or_else(|| (0..nd).rev().collect());
+        let mut inv: Dims = Dims::from_elem(0, nd);
+        for (i, &p) in perm.iter().enumerate() {
+            inv[p] = i;
+        }
+        Ok([Some(g.try_permute(&inv)?)].into_iter().collect())
+    }
+}
+
+/// The gradient of broadcast_to: `g` summed back to the input's shape (lazily).
+struct BroadcastToRule;
+
+impl Backward for BroadcastToRule {
+    fn name(&self) -> &'static str {
+        "broadcast_to"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0, false)
+    }
+    fn backward_lazy(&self, cx: &BackwardCtx<'_>, g: LazyGrad) -> Result<LazyGrads> {
+        Ok([Some(g.unbroadcast(&cx.shapes[0])?)].into_iter().collect())
+    }
+    fn backward(&self, _: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        Ok([Some(g)].into_iter().collect())
+    }
+}
+
+/// The gradient of concat (`stack == false`) or stack along `axis`: each input's part
+/// of `g`.
+struct ConcatRule {
+    axis: isize,
+    stack: bool,
+}
+
+impl Backward for ConcatRule {
+    fn name(&self) -> &'static str {
+        if self.stack { "stack" } else { "concat" }
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0, false)
+    }
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let nd = g.try_shape()?.ndim() as isize;
+        let ax = if self.axis < 0 {
+            self.axis + nd
+        } else {
+            self.axis
+        } as usize;
+        let mut r = autograd::nones(cx.ids.len());
+        let mut start = 0usize;
+        for (i, s) in cx.shapes.iter().enumerate() {
+            let len = if self.stack { 1 } else { s.dims()[ax] };
+            if cx.need(i) {
+                let mut idx = ":,".repeat(ax);
+                if self.stack {
+                    idx.push_str(&start.to_string());
+                } else {
+                    idx.push_str(&format!("{start}:{}", start + len));
+                }
+                let part = g.try_get(&idx)?;
+                // A contiguous copy, so later in-place accumulation never aliases g.
+                r[i] = Some(part.try_reshape(s.clone())?.try_mul(1.0)?);
+            }
+            start += len;
+        }
+        Ok(r)
+    }
+}
+
+/// The gradient of a float-to-float dtype conversion: `g` in the input's dtype.
+struct ToDTypeRule(DType);
+
+impl Backward for ToDTypeRule {
+    fn name(&self) -> &'static str {
+        "to_dtype"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0, false)
+    }
+    fn backward(&self, _: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        Ok([Some(g.try_to_dtype(self.0)?)].into_iter().collect())
+    }
 }

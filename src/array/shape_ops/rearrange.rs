@@ -31,7 +31,7 @@ fn narrow(x: NDArray, ax: usize, start: usize, len: usize, at: SourceLocation) -
         }
         Ok(Output::View { of: 0, layout })
     })?;
-    autograd::record_custom(&[x.id], id, || NarrowRule { ax, start, len });
+    autograd::record(&[x.id], id, || NarrowRule { ax, start, len });
     Ok(NDArray { id })
 }
 
@@ -122,7 +122,7 @@ fn repeat(x: NDArray, repeats: usize, axis: isize, at: SourceLocation) -> Result
             dtype: a.dtype,
         })
     })?;
-    autograd::record_custom(&[x.id], id, || RepeatRule { axis, repeats });
+    autograd::record(&[x.id], id, || RepeatRule { axis, repeats });
     Ok(NDArray { id })
 }
 
@@ -202,7 +202,7 @@ fn tile(x: NDArray, reps: &[usize], at: SourceLocation) -> Result<NDArray> {
         })
     })?;
     let reps: Dims = Dims::from_slice(reps);
-    autograd::record_custom(&[x.id], id, || TileRule { reps });
+    autograd::record(&[x.id], id, || TileRule { reps });
     Ok(NDArray { id })
 }
 
@@ -283,7 +283,7 @@ fn pad(x: NDArray, widths: &[(usize, usize)], value: f64, at: SourceLocation) ->
         })
     })?;
     let widths: Vec<(usize, usize)> = widths.to_vec();
-    autograd::record_custom(&[x.id], id, || PadRule { widths });
+    autograd::record(&[x.id], id, || PadRule { widths });
     Ok(NDArray { id })
 }
 
@@ -323,7 +323,7 @@ fn swap_axes(x: NDArray, a: isize, b: isize, at: SourceLocation) -> Result<NDArr
             layout: permuted(o.layout, &perm),
         })
     })?;
-    autograd::record_custom(&[x.id], id, || SwapAxesRule { a, b });
+    autograd::record(&[x.id], id, || SwapAxesRule { a, b });
     Ok(NDArray { id })
 }
 
@@ -371,7 +371,7 @@ fn flip(x: NDArray, axes: &[isize], at: SourceLocation) -> Result<NDArray> {
         Ok(Output::View { of: 0, layout })
     })?;
     let axes: Vec<isize> = axes.to_vec();
-    autograd::record_custom(&[x.id], id, || FlipRule { axes });
+    autograd::record(&[x.id], id, || FlipRule { axes });
     Ok(NDArray { id })
 }
 
@@ -415,7 +415,7 @@ fn tri(x: NDArray, k: i64, lower: bool, at: SourceLocation) -> Result<NDArray> {
             dtype: a.dtype,
         })
     })?;
-    autograd::record_custom(&[x.id], id, || TriRule { k, lower });
+    autograd::record(&[x.id], id, || TriRule { k, lower });
     Ok(NDArray { id })
 }
 

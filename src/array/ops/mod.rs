@@ -1,15 +1,22 @@
 //! Elementwise ops: broadcasting binary arithmetic and comparisons, unary math, and
-//! their in-place forms. Every op has a `try_*` form and a panicking form.
+//! their in-place forms, each defined once: checks, result shape and dtype, the
+//! forward kernel, and the gradient rule ([`BinaryRule`], [`ScalarRule`],
+//! [`UnaryRule`]). The public methods ([`methods`]) come from these definitions.
 
 use super::NDArray;
-use crate::autograd::{self, Rule};
+use crate::array::grad::{masked, zero_like};
+use crate::autograd::nones;
+use crate::autograd::{
+    self, Backward, BackwardCtx, Base, Grads, LazyGrad, LazyGrads, Rule, via_arrays,
+};
 use crate::backend::cpu;
 use crate::dtype::{Float, Native, Scalar, ScalarValue, dispatch, dispatch_float};
 use crate::engine::{self, Operand, Output};
-use crate::error::{NdError, Result, SourceLocation, twins};
+use crate::error::{NdError, Result, SourceLocation};
 use crate::opkind::{BinOp, UnOp};
 use crate::{DType, Shape};
-use std::panic::Location;
+
+mod methods;
 
 /// The right-hand side of a binary op: another array or a scalar.
 ///
@@ -222,8 +229,8 @@ pub(crate) fn binary(
         })?,
     };
     match rhs {
-        Rhs::Array(y) => autograd::record(&[x.id, y.id], id, || Rule::Binary(op)),
-        Rhs::Scalar(s) => autograd::record(&[x.id], id, || Rule::Scalar {
+        Rhs::Array(y) => autograd::record(&[x.id, y.id], id, || BinaryRule(op)),
+        Rhs::Scalar(s) => autograd::record(&[x.id], id, || ScalarRule {
             op,
             s: autograd::scalar_f64(s),
             left: scalar_left,
@@ -329,7 +336,7 @@ pub(crate) fn unary(x: NDArray, op: UnOp, at: SourceLocation) -> Result<NDArray>
             dtype: a.dtype,
         })
     })?;
-    autograd::record(&[x.id], id, || Rule::Unary(op));
+    autograd::record(&[x.id], id, || UnaryRule(op));
     Ok(NDArray { id })
 }
 
@@ -385,171 +392,270 @@ pub(crate) fn binary_inplace(x: NDArray, op: BinOp, rhs: Rhs) -> Result<()> {
     }
 }
 
-macro_rules! binary_methods {
-    ($($(#[$doc:meta])* $name:ident, $try_name:ident, $op:expr;)*) => {
-        impl NDArray {
-            $(
-                twins! {
-                    $(#[$doc])*
-                    /// Panics with the error's message on failure (see the `try_` form).
-                    pub fn $name,
-                    $(#[$doc])*
-                    /// Errors: `Closed`, `DTypeMismatch`, `ShapeMismatch` (not broadcastable),
-                    /// `UnsupportedDType` (Bool), `ManagerClosed`/`ManagerCapped`.
-                    pub fn $try_name(self, rhs: impl Into<Rhs>) -> NDArray {
-                        binary(self, $op, rhs.into(), false, Location::caller())
+/// The gradient of `x op y` (broadcasting): `Add`/`Sub` pass the gradient on (lazily),
+/// `Mul` multiplies it without materialising a lazy scale.
+pub(crate) struct BinaryRule(pub BinOp);
+
+impl Backward for BinaryRule {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn into_rule(self) -> Rule {
+        use BinOp::*;
+        Rule::Static(match self.0 {
+            Add => &BinaryRule(Add),
+            Sub => &BinaryRule(Sub),
+            Mul => &BinaryRule(Mul),
+            Div => &BinaryRule(Div),
+            Pow => &BinaryRule(Pow),
+            Maximum => &BinaryRule(Maximum),
+            Minimum => &BinaryRule(Minimum),
+        })
+    }
+
+    fn saves(&self, n: usize) -> (u8, bool) {
+        match self.0 {
+            BinOp::Add | BinOp::Sub => (0, false),
+            BinOp::Pow => (BackwardCtx::all(n), true),
+            _ => (BackwardCtx::all(n), false),
+        }
+    }
+
+    fn backward_lazy(&self, cx: &BackwardCtx<'_>, g: LazyGrad) -> Result<LazyGrads> {
+        let mut r = nones(2);
+        match self.0 {
+            op @ (BinOp::Add | BinOp::Sub) => {
+                // `g` has the output's shape: an input of that shape takes it as it is.
+                let out = Shape::broadcast(&cx.shapes[0], &cx.shapes[1]);
+                let fit = |g: LazyGrad, i: usize| -> Result<LazyGrad> {
+                    if out.as_ref() == Some(&cx.shapes[i]) {
+                        Ok(g)
+                    } else {
+                        g.unbroadcast(&cx.shapes[i])
+                    }
+                };
+                if cx.need(1) {
+                    let gy = if op == BinOp::Sub {
+                        g.clone().scaled(-1.0)
+                    } else {
+                        g.clone()
+                    };
+                    r[1] = Some(fit(gy, 1)?);
+                }
+                if cx.need(0) {
+                    r[0] = Some(fit(g, 0)?);
+                }
+                Ok(r)
+            }
+            BinOp::Mul if !g.is_ones() => {
+                let Base::Arr(b) = g.base else {
+                    unreachable!("settled")
+                };
+                for (i, other) in [(0, cx.input(1)), (1, cx.input(0))] {
+                    if cx.need(i) {
+                        let gi = LazyGrad {
+                            base: Base::Arr(b.try_mul(other)?),
+                            scale: g.scale,
+                        };
+                        r[i] = Some(gi.unbroadcast(&cx.shapes[i])?);
                     }
                 }
-            )*
+                Ok(r)
+            }
+            _ => via_arrays(self, cx, g),
         }
-    };
-}
-
-binary_methods! {
-    /// Elementwise power `self ** rhs`, broadcasting. Integer powers wrap on overflow;
-    /// a negative integer exponent gives `1 / x^n` truncated toward zero: 1 for a base
-    /// of 1, 1 or -1 for a base of -1 (by the exponent's parity), and 0 for every other
-    /// base, 0 included (PyTorch's integer semantics; numpy raises an error instead).
-    pow, try_pow, BinOp::Pow;
-    /// Elementwise maximum (NaN propagates), broadcasting.
-    maximum, try_maximum, BinOp::Maximum;
-    /// Elementwise minimum (NaN propagates), broadcasting.
-    minimum, try_minimum, BinOp::Minimum;
-}
-
-impl NDArray {
-    /// Elementwise `self + rhs` (the `+` operator's fallible form).
-    #[track_caller]
-    pub fn try_add(self, rhs: impl Into<Rhs>) -> Result<NDArray> {
-        binary(self, BinOp::Add, rhs.into(), false, Location::caller())
     }
 
-    /// Elementwise `self - rhs`.
-    #[track_caller]
-    pub fn try_sub(self, rhs: impl Into<Rhs>) -> Result<NDArray> {
-        binary(self, BinOp::Sub, rhs.into(), false, Location::caller())
-    }
-
-    /// Elementwise `self * rhs`.
-    #[track_caller]
-    pub fn try_mul(self, rhs: impl Into<Rhs>) -> Result<NDArray> {
-        binary(self, BinOp::Mul, rhs.into(), false, Location::caller())
-    }
-
-    /// Elementwise `self / rhs` (integer division by zero gives 0).
-    #[track_caller]
-    pub fn try_div(self, rhs: impl Into<Rhs>) -> Result<NDArray> {
-        binary(self, BinOp::Div, rhs.into(), false, Location::caller())
-    }
-
-    /// In place `self += rhs` (DJL's `addi`); `rhs` must broadcast to `self`'s shape.
-    pub fn try_addi(self, rhs: impl Into<Rhs>) -> Result<()> {
-        binary_inplace(self, BinOp::Add, rhs.into())
-    }
-
-    /// In place `self -= rhs`.
-    pub fn try_subi(self, rhs: impl Into<Rhs>) -> Result<()> {
-        binary_inplace(self, BinOp::Sub, rhs.into())
-    }
-
-    /// In place `self *= rhs`.
-    pub fn try_muli(self, rhs: impl Into<Rhs>) -> Result<()> {
-        binary_inplace(self, BinOp::Mul, rhs.into())
-    }
-
-    /// In place `self /= rhs`.
-    pub fn try_divi(self, rhs: impl Into<Rhs>) -> Result<()> {
-        binary_inplace(self, BinOp::Div, rhs.into())
-    }
-
-    /// Elementwise `-self` (the unary `-` operator's fallible form).
-    #[track_caller]
-    pub fn try_neg(self) -> Result<NDArray> {
-        unary(self, UnOp::Neg, Location::caller())
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let (x, y, out) = (cx.input(0), cx.input(1), cx.output);
+        let (n0, n1) = (cx.need(0), cx.need(1));
+        let (gx, gy) = match self.0 {
+            BinOp::Add => (Some(g), n1.then_some(g)),
+            BinOp::Sub => (Some(g), if n1 { Some(g.try_neg()?) } else { None }),
+            BinOp::Mul => (
+                if n0 { Some(g.try_mul(y)?) } else { None },
+                if n1 { Some(g.try_mul(x)?) } else { None },
+            ),
+            BinOp::Div => (
+                if n0 { Some(g.try_div(y)?) } else { None },
+                if n1 {
+                    Some(g.try_mul(x)?.try_div(y.try_square()?)?.try_neg()?)
+                } else {
+                    None
+                },
+            ),
+            BinOp::Pow => (
+                if n0 {
+                    Some(g.try_mul(y)?.try_mul(x.try_pow(y.try_sub(1.0)?)?)?)
+                } else {
+                    None
+                },
+                if n1 {
+                    Some(g.try_mul(out)?.try_mul(x.try_log()?)?)
+                } else {
+                    None
+                },
+            ),
+            op @ (BinOp::Maximum | BinOp::Minimum) => {
+                // Ties go to x.
+                let to_x = if op == BinOp::Maximum {
+                    x.try_ge(y)?
+                } else {
+                    x.try_le(y)?
+                };
+                let zero = zero_like(g)?;
+                (
+                    if n0 {
+                        Some(to_x.try_where_(g, zero)?)
+                    } else {
+                        None
+                    },
+                    if n1 {
+                        Some(to_x.try_where_(zero, g)?)
+                    } else {
+                        None
+                    },
+                )
+            }
+        };
+        Ok([gx, gy].into_iter().collect())
     }
 }
 
-macro_rules! compare_methods {
-    ($($(#[$doc:meta])* $name:ident, $try_name:ident, $op:expr;)*) => {
-        impl NDArray {
-            $(
-                twins! {
-                    $(#[$doc])*
-                    /// Gives a Bool array; panics with the error's message on failure.
-                    ///
-                    /// With an array `rhs` both sides must have the same dtype. With a scalar
-                    /// `rhs`, a float array takes the scalar in its dtype, while integer and
-                    /// Bool arrays compare as numbers (false = 0, true = 1) without converting
-                    /// the scalar first, as numpy does: `[false, true].ge(0.5)` is
-                    /// `[false, true]` and a U8 array is never below -3.
-                    #[allow(clippy::should_implement_trait)]
-                    pub fn $name,
-                    $(#[$doc])*
-                    /// Errors: `Closed`, `DTypeMismatch`, `ShapeMismatch`.
-                    pub fn $try_name(self, rhs: impl Into<Rhs>) -> NDArray {
-                        comparison(self, $op, rhs.into(), Location::caller())
-                    }
+/// The gradient of `x op s`, or `s op x` when `left`: the linear cases only scale the
+/// gradient (lazily).
+pub(crate) struct ScalarRule {
+    pub op: BinOp,
+    pub s: f64,
+    pub left: bool,
+}
+
+impl Backward for ScalarRule {
+    fn name(&self) -> &'static str {
+        self.op.name()
+    }
+
+    fn saves(&self, _: usize) -> (u8, bool) {
+        match self.op {
+            BinOp::Add | BinOp::Sub | BinOp::Mul => (0, false),
+            BinOp::Div if !self.left => (0, false),
+            BinOp::Pow if self.left => (0, true),
+            _ => (1, false),
+        }
+    }
+
+    fn backward_lazy(&self, cx: &BackwardCtx<'_>, g: LazyGrad) -> Result<LazyGrads> {
+        let gx = match (self.op, self.left) {
+            (BinOp::Add, _) | (BinOp::Sub, false) => g,
+            (BinOp::Sub, true) => g.scaled(-1.0),
+            (BinOp::Mul, _) => g.scaled(self.s),
+            (BinOp::Div, false) => LazyGrad {
+                scale: g.scale / self.s,
+                ..g
+            },
+            _ => return via_arrays(self, cx, g),
+        };
+        Ok([Some(gx)].into_iter().collect())
+    }
+
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let (x, out, s) = (cx.input(0), cx.output, self.s);
+        let gx = match (self.op, self.left) {
+            (BinOp::Add, _) | (BinOp::Sub, false) => g,
+            (BinOp::Sub, true) => g.try_neg()?,
+            (BinOp::Mul, _) => g.try_mul(s)?,
+            (BinOp::Div, false) => g.try_div(s)?,
+            // d(s/x) = -s/x^2
+            (BinOp::Div, true) => g.try_mul(-s)?.try_div(x.try_square()?)?,
+            (BinOp::Pow, false) => g.try_mul(x.try_pow(s - 1.0)?.try_mul(s)?)?,
+            // d(s^x) = s^x ln s
+            (BinOp::Pow, true) => g.try_mul(out)?.try_mul(s.ln())?,
+            (BinOp::Maximum, _) => masked(x.try_ge(s)?, g)?,
+            (BinOp::Minimum, _) => masked(x.try_le(s)?, g)?,
+        };
+        Ok([Some(gx)].into_iter().collect())
+    }
+}
+
+/// The gradient of elementwise unary math: `neg` scales (lazily), `square` and `exp`
+/// multiply the gradient once by the input or the output.
+pub(crate) struct UnaryRule(pub UnOp);
+
+impl Backward for UnaryRule {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn into_rule(self) -> Rule {
+        use UnOp::*;
+        Rule::Static(match self.0 {
+            Abs => &UnaryRule(Abs),
+            Neg => &UnaryRule(Neg),
+            Square => &UnaryRule(Square),
+            Relu => &UnaryRule(Relu),
+            Exp => &UnaryRule(Exp),
+            Log => &UnaryRule(Log),
+            Sqrt => &UnaryRule(Sqrt),
+            Sin => &UnaryRule(Sin),
+            Cos => &UnaryRule(Cos),
+            Tanh => &UnaryRule(Tanh),
+            Sigmoid => &UnaryRule(Sigmoid),
+        })
+    }
+
+    fn saves(&self, _: usize) -> (u8, bool) {
+        match self.0 {
+            UnOp::Neg => (0, false),
+            UnOp::Exp | UnOp::Sqrt | UnOp::Tanh | UnOp::Sigmoid => (0, true),
+            _ => (1, false),
+        }
+    }
+
+    fn backward_lazy(&self, cx: &BackwardCtx<'_>, g: LazyGrad) -> Result<LazyGrads> {
+        let gx = match self.0 {
+            UnOp::Neg => g.scaled(-1.0),
+            op @ (UnOp::Square | UnOp::Exp) => {
+                // square: g * x * 2; exp: g * out.
+                let (by, factor) = if op == UnOp::Square {
+                    (cx.input(0), 2.0)
+                } else {
+                    (cx.output, 1.0)
+                };
+                let base = match g.base {
+                    Base::Ones(_) => by,
+                    Base::Arr(b) => b.try_mul(by)?,
+                    Base::Unreduced(..) => unreachable!("settled"),
+                };
+                LazyGrad {
+                    base: Base::Arr(base),
+                    scale: g.scale * factor,
                 }
-            )*
-        }
-    };
-}
+            }
+            _ => return via_arrays(self, cx, g),
+        };
+        Ok([Some(gx)].into_iter().collect())
+    }
 
-compare_methods! {
-    /// Elementwise `self == rhs`, broadcasting. Not differentiable: a Bool result.
-    eq, try_eq, CmpOp::Eq;
-    /// Elementwise `self != rhs`, broadcasting. Not differentiable: a Bool result.
-    ne, try_ne, CmpOp::Ne;
-    /// Elementwise `self > rhs`, broadcasting. Not differentiable: a Bool result.
-    gt, try_gt, CmpOp::Gt;
-    /// Elementwise `self >= rhs`, broadcasting. Not differentiable: a Bool result.
-    ge, try_ge, CmpOp::Ge;
-    /// Elementwise `self < rhs`, broadcasting. Not differentiable: a Bool result.
-    lt, try_lt, CmpOp::Lt;
-    /// Elementwise `self <= rhs`, broadcasting. Not differentiable: a Bool result.
-    le, try_le, CmpOp::Le;
-}
-
-macro_rules! unary_methods {
-    ($($(#[$doc:meta])* $name:ident, $try_name:ident, $op:expr;)*) => {
-        impl NDArray {
-            $(
-                twins! {
-                    $(#[$doc])*
-                    /// Panics with the error's message on failure.
-                    pub fn $name,
-                    $(#[$doc])*
-                    /// Errors: `Closed`, `UnsupportedDType`.
-                    pub fn $try_name(self) -> NDArray {
-                        unary(self, $op, Location::caller())
-                    }
-                }
-            )*
-        }
-    };
-}
-
-unary_methods! {
-    /// Elementwise absolute value.
-    abs, try_abs, UnOp::Abs;
-    /// Elementwise square.
-    square, try_square, UnOp::Square;
-    /// Elementwise `max(x, 0)`; NaN stays NaN (as numpy's `maximum(x, 0)` and PyTorch's
-    /// `relu`). Its gradient is 1 where `x > 0` and 0 elsewhere, NaN included (as
-    /// PyTorch).
-    relu, try_relu, UnOp::Relu;
-    /// Elementwise `e^x` (float dtypes).
-    exp, try_exp, UnOp::Exp;
-    /// Elementwise natural logarithm (float dtypes).
-    log, try_log, UnOp::Log;
-    /// Elementwise square root (float dtypes).
-    sqrt, try_sqrt, UnOp::Sqrt;
-    /// Elementwise sine (float dtypes).
-    sin, try_sin, UnOp::Sin;
-    /// Elementwise cosine (float dtypes).
-    cos, try_cos, UnOp::Cos;
-    /// Elementwise hyperbolic tangent (float dtypes).
-    tanh, try_tanh, UnOp::Tanh;
-    /// Elementwise logistic sigmoid `1 / (1 + e^-x)` (float dtypes).
-    sigmoid, try_sigmoid, UnOp::Sigmoid;
+    fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        let (x, out) = (cx.input(0), cx.output);
+        let gx = match self.0 {
+            UnOp::Neg => g.try_neg()?,
+            UnOp::Abs => {
+                let zero = zero_like(g)?;
+                x.try_gt(0.0)?
+                    .try_where_(g, x.try_lt(0.0)?.try_where_(g.try_neg()?, zero)?)?
+            }
+            UnOp::Square => g.try_mul(x)?.try_mul(2.0)?,
+            UnOp::Relu => masked(x.try_gt(0.0)?, g)?,
+            UnOp::Exp => g.try_mul(out)?,
+            UnOp::Log => g.try_div(x)?,
+            UnOp::Sqrt => g.try_mul(0.5)?.try_div(out)?,
+            UnOp::Sin => g.try_mul(x.try_cos()?)?,
+            UnOp::Cos => g.try_mul(x.try_sin()?)?.try_neg()?,
+            UnOp::Tanh => g.try_mul(1.0 - out.try_square()?)?,
+            UnOp::Sigmoid => g.try_mul(out)?.try_mul(1.0 - out)?,
+        };
+        Ok([Some(gx)].into_iter().collect())
+    }
 }

@@ -1,0 +1,57 @@
+//! What the gradient rules beside the ops share: summing a gradient back to its
+//! input's shape over broadcast axes ([`NDArray::unbroadcast`]), and a masked
+//! gradient. Each op's rule is its [`crate::autograd::Backward`] impl, next to the op.
+
+use crate::error::Result;
+use crate::shape::Dims;
+use crate::{NDArray, Shape};
+use smallvec::SmallVec;
+
+impl NDArray {
+    /// `self` summed over the axes that broadcasting added or stretched so it has
+    /// `shape` (a gradient brought back to its input's shape).
+    pub(crate) fn unbroadcast(self, shape: &Shape) -> Result<NDArray> {
+        unbroadcast(self, shape)
+    }
+}
+
+/// Sum `g` over the axes that broadcasting added or stretched so it has `shape`.
+pub(crate) fn unbroadcast(g: NDArray, shape: &Shape) -> Result<NDArray> {
+    let gs = g.try_shape()?;
+    if &gs == shape {
+        return Ok(g);
+    }
+    let (gd, td) = (gs.dims(), shape.dims());
+    let lead = gd.len() - td.len();
+    let mut axes: SmallVec<[isize; 4]> = (0..lead as isize).collect();
+    for (i, &t) in td.iter().enumerate() {
+        if t == 1 && gd[lead + i] != 1 {
+            axes.push((lead + i) as isize);
+        }
+    }
+    if axes.is_empty() {
+        return g.try_reshape(shape.clone());
+    }
+    if axes.len() == lead {
+        // Only added axes: summing them away leaves `shape` (one op).
+        return g.try_sum_axes(&axes, false);
+    }
+    // Stretched axes too: keep every summed axis as 1, then drop the added ones.
+    let s = g.try_sum_axes(&axes, true)?;
+    if lead == 0 {
+        Ok(s)
+    } else {
+        s.try_reshape(shape.clone())
+    }
+}
+
+/// A 0-d zero of `g`'s dtype (for `where_`).
+pub(crate) fn zero_like(g: NDArray) -> Result<NDArray> {
+    g.try_manager()?
+        .try_zeros(Shape(Dims::new()), g.try_dtype()?)
+}
+
+/// Masked gradient: `g` where `mask`, else 0.
+pub(crate) fn masked(mask: NDArray, g: NDArray) -> Result<NDArray> {
+    mask.try_where_(g, zero_like(g)?)
+}
