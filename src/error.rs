@@ -3,7 +3,7 @@
 //! Every fallible function has a `try_*` form returning [`Result`]; its panicking twin
 //! panics with exactly the error's `Display` text.
 
-use crate::{DType, Shape};
+use crate::{DType, Device, Shape};
 use std::fmt;
 use std::panic::Location;
 use std::sync::Arc;
@@ -274,6 +274,39 @@ pub enum NdError {
         op: &'static str,
         /// What is wrong.
         msg: String,
+    },
+
+    // ---- device errors ----
+    /// An op's inputs are on different devices. Nothing was allocated: move one with
+    /// [`NDArray::to_device`](crate::NDArray::to_device) (there is never a silent copy).
+    #[error("{op}: {lhs} is on {lhs_device} but {rhs} is on {rhs_device}")]
+    DeviceMismatch {
+        /// The op.
+        op: &'static str,
+        /// The first input.
+        lhs: Box<ArrayDesc>,
+        /// Its device.
+        lhs_device: Device,
+        /// The input on another device.
+        rhs: Box<ArrayDesc>,
+        /// Its device.
+        rhs_device: Device,
+    },
+    /// No such device here (see [`devices`](crate::devices)).
+    #[error("no device {device}: this process found {gpus} GPU(s) (see ndscope::devices())")]
+    NoDevice {
+        /// The device asked for.
+        device: Device,
+        /// How many GPUs there are.
+        gpus: usize,
+    },
+    /// The op has no kernel on that device yet.
+    #[error("{op} has no kernel on {device} yet")]
+    Unsupported {
+        /// The op.
+        op: &'static str,
+        /// The device.
+        device: Device,
     },
 
     // ---- file errors (`ndscope::io`, `ndscope::data`) ----

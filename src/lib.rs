@@ -221,6 +221,7 @@ mod autograd;
 mod backend;
 pub mod config;
 pub mod data;
+mod device;
 mod diag;
 mod dtype;
 mod engine;
@@ -241,10 +242,11 @@ pub mod task;
 
 pub use array::{NDArray, Rhs};
 pub use autograd::{GradientCollector, no_grad};
+pub use device::{Device, DeviceInfo, devices};
 pub use diag::{
     CacheStats, LeakReport, LeakSite, LeakWarning, LeakWatch, MemoryStats, OpRecord, Profile,
-    assert_no_leaks, cache_stats, check_leaks, empty_cache, leak_report, memory, profile,
-    reset_peak, set_cache_limit,
+    assert_no_leaks, cache_stats, check_leaks, driver_memory, empty_cache, leak_report, memory,
+    memory_on, profile, reset_peak, set_cache_limit,
 };
 pub use dtype::{DType, Element, Scalar, ScalarValue};
 pub use engine::{CountingAllocator, Resource};

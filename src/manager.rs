@@ -9,7 +9,7 @@ use crate::dtype::{Element, Native, dispatch};
 use crate::engine::{self, MgrId, Resource};
 use crate::error::{NdError, Result, SourceLocation, twins, unwrap};
 use crate::random;
-use crate::{DType, NDArray, Shape};
+use crate::{DType, Device, NDArray, Shape};
 use std::fmt::Write as _;
 use std::panic::Location;
 
@@ -94,9 +94,40 @@ impl NDManager {
         pub fn new_sub_manager,
         /// A new child of this manager, or `ManagerClosed`.
         pub fn try_new_sub_manager(&self) -> NDManager {
-            let id = engine::new_manager(self.id, None)?;
+            let id = engine::new_manager(self.id, None, None)?;
             Ok(NDManager { id })
         }
+
+        /// A new manager on `device`, child of the system manager (DJL's
+        /// `NDManager.newBaseManager(device)`): every array it creates lives there, and
+        /// its sub-managers inherit the device. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::{Device, NDManager};
+        /// let m = NDManager::new_on(Device::Cpu);
+        /// assert_eq!(m.zeros([2], ndscope::DType::F32).device(), Device::Cpu);
+        /// ```
+        pub fn new_on,
+        /// [`NDManager::new_on`]. Errors: `NoDevice` when [`devices`](crate::devices)
+        /// lists no such device; `Unsupported` for a GPU in this build (device arrays
+        /// come with the wgpu backend).
+        pub fn try_new_on(device: Device) -> NDManager {
+            crate::device::check(device)?;
+            if device != Device::Cpu {
+                return Err(NdError::Unsupported {
+                    op: "new_on",
+                    device,
+                });
+            }
+            let id = engine::new_manager(engine::SYSTEM, None, Some(device))?;
+            Ok(NDManager { id })
+        }
+    }
+
+    /// The device this manager's arrays live on (inherited by its sub-managers);
+    /// `Device::Cpu` for a closed manager.
+    pub fn device(&self) -> Device {
+        engine::manager_device(self.id).unwrap_or_default()
     }
 
     /// The parent manager (`None` for the system manager or a closed manager).

@@ -29,7 +29,7 @@ use crate::backend::cpu;
 use crate::dtype::{Element, dispatch};
 use crate::engine::{self, ArrayId};
 use crate::error::{NdError, Result, twins, unwrap};
-use crate::{DType, NDManager, Shape};
+use crate::{DType, Device, NDManager, Shape};
 use std::panic::Location;
 
 /// A handle to an n-dimensional array owned by an [`NDManager`].
@@ -112,6 +112,45 @@ impl NDArray {
             Ok(NDManager {
                 id: engine::manager_of(self.id)?,
             })
+        }
+    }
+
+    twins! {
+        /// The device the array lives on (its manager's). Panics if the array is closed.
+        pub fn device,
+        /// The device the array lives on, or `Closed`.
+        pub fn try_device(self) -> Device {
+            engine::manager_device(engine::manager_of(self.id)?)
+        }
+    }
+
+    twins! {
+        /// A copy of this array on `device`, owned like any op's result (by this
+        /// array's manager, registered in the current scope) with its own record;
+        /// gradients flow through it. There is never a silent round trip: each call is
+        /// one explicit copy. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::{Device, NDManager};
+        /// let m = NDManager::new();
+        /// let a = m.create(&[1.0f32, 2.0], [2]);
+        /// let b = a.to_device(Device::Cpu);
+        /// assert_ne!(a, b);
+        /// assert_eq!(b.to_vec::<f32>()?, vec![1.0, 2.0]);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn to_device,
+        /// [`NDArray::to_device`]. Errors: `Closed`, `NoDevice` (no such device),
+        /// `Unsupported` (a GPU in this build), `OutOfMemory`.
+        pub fn try_to_device(self, device: Device) -> NDArray {
+            crate::device::check(device)?;
+            match device {
+                Device::Cpu => shape_ops::to_cpu(self, Location::caller()),
+                Device::Gpu(_) => Err(NdError::Unsupported {
+                    op: "to_device",
+                    device,
+                }),
+            }
         }
     }
 

@@ -1,5 +1,6 @@
 //! Diagnostics: verbose mode and memory accounting.
 
+use crate::Device;
 use crate::backend::cpu;
 use crate::engine;
 use std::fmt;
@@ -82,6 +83,31 @@ pub fn memory() -> MemoryStats {
     }
 }
 
+/// The memory counters of one device: its live arrays, buffers and bytes, its peak, and
+/// the bytes its caching pool holds. `memory()` totals every device; in a build without
+/// a GPU backend every array is on the CPU, so a GPU (or a device not found) has zeros.
+///
+/// ```
+/// use ndscope::{Device, memory, memory_on};
+/// assert_eq!(memory_on(Device::Cpu).live_bytes, memory().live_bytes);
+/// assert_eq!(memory_on(Device::Gpu(99)).live_arrays, 0);
+/// ```
+pub fn memory_on(device: Device) -> MemoryStats {
+    match device {
+        Device::Cpu => memory(),
+        Device::Gpu(_) => MemoryStats::default(),
+    }
+}
+
+/// What the driver of `device` reports as allocated, in bytes (for a GPU, wgpu's
+/// allocator report), so a test can see device memory go back after a scope closes and
+/// [`empty_cache`] runs. `None` where no driver reports (the CPU, or no such GPU).
+pub fn driver_memory(device: Device) -> Option<usize> {
+    match device {
+        Device::Cpu | Device::Gpu(_) => None,
+    }
+}
+
 /// Reset every peak to the current live bytes.
 pub fn reset_peak() {
     engine::reset_peak();
@@ -128,7 +154,8 @@ pub fn cache_stats() -> CacheStats {
     }
 }
 
-/// Return the cached blocks of the shared pool and of the calling thread to the system
+/// Return the cached blocks of every device's pool to its driver: for the CPU, the
+/// shared pool's and the calling thread's blocks go back to the system allocator
 /// (like `torch.cuda.empty_cache()`). Live arrays are not affected. Other threads keep
 /// their small per-thread caches (under 1 MiB each) until they exit.
 pub fn empty_cache() {

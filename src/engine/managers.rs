@@ -18,6 +18,7 @@
 use super::records::{Cause, Resource};
 use super::shard::{Ctx, Shard};
 use super::slab::{ArrayId, Graveyard, ManagerK, MgrId, Serials, Slab};
+use crate::Device;
 use crate::error::{NdError, Result, SourceLocation};
 use parking_lot::{Mutex, MutexGuard};
 
@@ -62,6 +63,8 @@ pub(crate) struct MgrRec {
     pub children: Vec<MgrId>,
     pub name: String,
     pub capped: bool,
+    /// Where the manager's arrays live (inherited from the parent).
+    pub device: Device,
     /// Set at the start of a close: no shard may create an entry for it any more.
     closing: bool,
     resources: Vec<Box<dyn Resource>>,
@@ -88,20 +91,23 @@ pub(crate) const SYSTEM: MgrId = MgrId::new(0, 0, 1);
 pub(crate) fn table() -> MutexGuard<'static, Managers> {
     let mut g = MANAGERS.lock();
     if g.slab.len() == 0 {
-        let id = g.slab.insert(MgrRec::new("system".into(), None, 0));
+        let id = g
+            .slab
+            .insert(MgrRec::new("system".into(), None, 0, Device::Cpu));
         debug_assert_eq!(id, SYSTEM);
     }
     g
 }
 
 impl MgrRec {
-    fn new(name: String, parent: Option<MgrId>, parent_pos: u32) -> Self {
+    fn new(name: String, parent: Option<MgrId>, parent_pos: u32, device: Device) -> Self {
         MgrRec {
             parent,
             parent_pos,
             children: Vec::new(),
             name,
             capped: false,
+            device,
             closing: false,
             resources: Vec::new(),
         }
@@ -304,18 +310,31 @@ fn force_entries(sh: &mut Shard, id: MgrId, closing: &[TreeInfo]) {
 
 // ------------------------------------------------------------------ the tree
 
-pub(crate) fn new_manager(parent: MgrId, name: Option<String>) -> Result<MgrId> {
+/// A new child of `parent`, on `device` (`None`: the parent's).
+pub(crate) fn new_manager(
+    parent: MgrId,
+    name: Option<String>,
+    device: Option<Device>,
+) -> Result<MgrId> {
     let mut t = table();
     let p = t.get(parent)?;
     if p.closing {
         return Err(t.closed_error(parent));
     }
     let pos = p.children.len() as u32;
-    let id = t.slab.insert(MgrRec::new(String::new(), Some(parent), pos));
+    let device = device.unwrap_or(p.device);
+    let id = t
+        .slab
+        .insert(MgrRec::new(String::new(), Some(parent), pos, device));
     t.slab.get_mut(id).expect("just inserted").name =
         name.unwrap_or_else(|| format!("manager#{}", id.uid()));
     t.get_mut(parent).expect("checked").children.push(id);
     Ok(id)
+}
+
+/// The manager's device.
+pub(crate) fn device(id: MgrId) -> Result<Device> {
+    Ok(table().get(id)?.device)
 }
 
 pub(crate) fn check_open(id: MgrId) -> Result<()> {

@@ -279,9 +279,10 @@ pub(crate) fn scope_stats(sid: ScopeId) -> Stats {
 
 pub(crate) use managers::{
     add_resource as manager_add_resource, arrays as manager_arrays, begin_peak_window,
-    cap as cap_manager, children as manager_children, end_peak_window, is_capped,
-    name as manager_name, name_of as manager_name_of, new_manager, parent as manager_parent,
-    reset_peak, set_name as set_manager_name, stats, tree as manager_tree,
+    cap as cap_manager, children as manager_children, device as manager_device, end_peak_window,
+    is_capped, name as manager_name, name_of as manager_name_of, new_manager,
+    parent as manager_parent, reset_peak, set_name as set_manager_name, stats,
+    tree as manager_tree,
 };
 
 /// `ManagerClosed` unless `mid` is open (checked in this thread's shard: an entry

@@ -94,6 +94,7 @@ fn table() -> Vec<(&'static str, Kind)> {
             "to_dtype",
             Grad(|_, x| x.to_dtype(DType::F32).to_dtype(DType::F64)),
         ),
+        ("to_device", Grad(|_, x| x.to_device(ndscope::Device::Cpu))),
         ("split", Grad(|_, x| x.split(3, 1)[1])),
         ("repeat", Grad(|_, x| x.repeat(2, 0))),
         ("tile", Grad(|_, x| x.tile(&[2, 1]))),
@@ -196,6 +197,7 @@ fn table() -> Vec<(&'static str, Kind)> {
         // that would drop a gradient is a typed error).
         ("shape", NotAnOp),
         ("dtype", NotAnOp),
+        ("device", NotAnOp),
         ("manager", NotAnOp),
         ("gradient", NotAnOp),
         ("set_requires_gradient", NotAnOp),

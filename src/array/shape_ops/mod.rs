@@ -363,7 +363,17 @@ fn stack(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray>
 }
 
 fn to_dtype(x: NDArray, dtype: DType, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op("to_dtype", &[x.id], at, |o| {
+    convert(x, dtype, "to_dtype", at)
+}
+
+/// A copy of `x` on the CPU, the device of every array in this build (`to_device`).
+pub(crate) fn to_cpu(x: NDArray, at: SourceLocation) -> Result<NDArray> {
+    convert(x, x.try_dtype()?, "to_device", at)
+}
+
+/// A new contiguous array of `x`'s elements as `dtype`, recorded for autograd.
+fn convert(x: NDArray, dtype: DType, op: &'static str, at: SourceLocation) -> Result<NDArray> {
+    let id = engine::run_op(op, &[x.id], at, |o| {
         let o = &o[0];
         Ok(Output::New {
             buf: cast(o, dtype)?,

@@ -1,0 +1,107 @@
+//! Devices: where a manager's arrays live.
+//!
+//! Every [`NDManager`](crate::NDManager) has a [`Device`], as DJL's managers do: the
+//! system manager and [`NDManager::new`](crate::NDManager::new) are on the CPU,
+//! [`NDManager::new_on`](crate::NDManager::new_on) picks one, and sub-managers inherit
+//! their parent's. [`devices`] lists what this process can use: the CPU first, then
+//! each GPU adapter that the `gpu` feature's wgpu backend finds, in a stable order, so
+//! `Device::Gpu(n)` is the n-th GPU of that list.
+//!
+//! ```
+//! use ndscope::{Device, NDManager, NdError, devices};
+//! assert_eq!(devices()[0].device, Device::Cpu);
+//! let m = NDManager::new_on(Device::Cpu);
+//! assert_eq!(m.device(), Device::Cpu);
+//! assert_eq!(m.new_sub_manager().device(), Device::Cpu);
+//! // A GPU that is not there is a typed error, never a silent CPU fallback.
+//! let gpus = devices().iter().filter(|d| d.device != Device::Cpu).count();
+//! let e = NDManager::try_new_on(Device::Gpu(gpus)).unwrap_err();
+//! assert!(matches!(e, NdError::NoDevice { .. }));
+//! ```
+//!
+//! The ownership contract is the same on every device: a scope, a manager or a
+//! `release()` frees device memory exactly as it frees host memory (see
+//! docs/ownership.md, "Devices").
+
+use std::fmt;
+
+/// A compute device: the CPU, or the n-th GPU that [`devices`] lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Device {
+    /// Host memory and the CPU kernels.
+    #[default]
+    Cpu,
+    /// The n-th GPU of [`devices`] (counting GPUs only, from 0).
+    Gpu(usize),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Gpu(n) => write!(f, "gpu:{n}"),
+        }
+    }
+}
+
+/// One entry of [`devices`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The device.
+    pub device: Device,
+    /// The adapter's name as its driver reports it ("llvmpipe (LLVM 15.0.6, 256 bits)",
+    /// "NVIDIA H200"); "cpu" for the CPU.
+    pub name: String,
+    /// The API that drives it: "cpu", or wgpu's backend ("vulkan", "metal", "dx12").
+    pub backend: String,
+}
+
+/// The devices this process can use: the CPU first, then every GPU adapter found (only
+/// with the `gpu` feature; without a driver the list holds the CPU alone).
+pub fn devices() -> Vec<DeviceInfo> {
+    let mut v = vec![DeviceInfo {
+        device: Device::Cpu,
+        name: "cpu".into(),
+        backend: "cpu".into(),
+    }];
+    v.extend(
+        gpu_adapters()
+            .into_iter()
+            .enumerate()
+            .map(|(n, (name, backend))| DeviceInfo {
+                device: Device::Gpu(n),
+                name,
+                backend,
+            }),
+    );
+    v
+}
+
+/// The GPU adapters (name, backend) in [`devices`]' order: none until a GPU backend
+/// is built in.
+fn gpu_adapters() -> Vec<(String, String)> {
+    Vec::new()
+}
+
+/// How many GPUs [`devices`] lists.
+pub(crate) fn gpu_count() -> usize {
+    gpu_adapters().len()
+}
+
+/// `Ok` if `device` exists here, else `NoDevice`.
+pub(crate) fn check(device: Device) -> crate::Result<()> {
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Gpu(n) => {
+            let found = gpu_count();
+            if n < found {
+                Ok(())
+            } else {
+                Err(crate::NdError::NoDevice {
+                    device,
+                    gpus: found,
+                })
+            }
+        }
+    }
+}
