@@ -4,11 +4,9 @@
 //! adds them into the parameters' gradients in place.
 
 use super::{BackwardCtx, Base, Env, LEAF, LazyGrad, LazyGrads, NO_SLOT, Node, Tape};
-use crate::backend::cpu;
-use crate::dtype::{Native, dispatch_float};
-use crate::engine::{self, ArrayId, Layout};
+use crate::engine::{self, ArrayId};
 use crate::error::{NdError, Result};
-use crate::{NDArray, NDManager, Shape};
+use crate::{NDArray, NDManager};
 use smallvec::SmallVec;
 
 /// Run backward over `tape`'s nodes from `loss`, adding into the parameters'
@@ -98,35 +96,8 @@ fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<LazyGrad>>) -> Resu
             Base::Ones(_) => None,
         })
         .collect();
-    let done = engine::add_to_grads(&params, &values, &mut |i, mut t, v| {
-        let scale = gs[i].scale;
-        let reduce = matches!(gs[i].base, Base::Unreduced(..));
-        dispatch_float!(t.dtype, T => {
-            let s = T::from_f64(scale);
-            match &v {
-                None => cpu::assign_unary::<T>(t.strided::<T>(), move |p| p.add(s)),
-                Some(b) if reduce && b.shape() != &t.layout.shape => {
-                    // What `unbroadcast`'s sum op computes, then added as below.
-                    let sums = unbroadcast_sums::<T>(b, &t.layout.shape);
-                    let layout = Layout::contiguous(t.layout.shape.clone());
-                    let b = cpu::Strided { data: &sums, layout: &layout };
-                    if scale == 1.0 {
-                        cpu::assign_binary::<T>(t.strided::<T>(), b, |p, q| p.add(q))
-                    } else {
-                        cpu::assign_binary::<T>(t.strided::<T>(), b, move |p, q| {
-                            p.add(q.mul(s))
-                        })
-                    }
-                }
-                Some(b) if scale == 1.0 => {
-                    cpu::assign_binary::<T>(t.strided::<T>(), b, |p, q| p.add(q))
-                }
-                Some(b) => cpu::assign_binary::<T>(t.strided::<T>(), b, move |p, q| {
-                    p.add(q.mul(s))
-                }),
-            }
-        }, else unreachable!("a gradient is float"));
-    });
+    let scales: SmallVec<[f64; 4]> = gs.iter().map(|g| g.scale).collect();
+    let done = engine::add_to_grads(&params, &values, &scales);
     if done {
         return Ok(());
     }
@@ -145,69 +116,14 @@ fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<LazyGrad>>) -> Resu
     Ok(())
 }
 
-/// The sums of `b` over the axes that broadcasting added or stretched to reach it from
-/// `shape`, row-major: the values of `unbroadcast`'s sum op, computed by the same
-/// kernels in the same order (so bit for bit the same).
-fn unbroadcast_sums<T: Native>(b: &engine::Operand<'_>, shape: &Shape) -> cpu::Accs<T> {
-    let (gd, td) = (b.shape().dims(), shape.dims());
-    let lead = gd.len() - td.len();
-    let mut axes: SmallVec<[usize; 4]> = (0..lead).collect();
-    for (i, &t) in td.iter().enumerate() {
-        if t == 1 && gd[lead + i] != 1 {
-            axes.push(lead + i);
-        }
-    }
-    if cpu::prefers_outer(b.layout, &axes) {
-        cpu::Accs::from_vec(cpu::reduce_outer::<T, T>(b, &axes, T::ZERO, |acc, x| {
-            acc.add(x)
-        }))
-    } else {
-        cpu::reduce::<T, T>(b, &axes, T::ZERO, |acc, d, s, n, st| {
-            acc.add(cpu::sum_row(d, s, n, st))
-        })
-    }
-}
-
 /// `pg += g` in place, with `g`'s scale fused into the kernel.
 fn accumulate(pg: NDArray, g: LazyGrad) -> Result<()> {
-    const OP: &str = "backward";
-    let scale = g.scale;
-    match g.base {
+    let v = match g.base {
         Base::Unreduced(..) => unreachable!("settled"),
-        Base::Ones(_) => engine::run_inplace(pg.id, &[], |mut t, _| {
-            dispatch_float!(t.dtype, T => {
-                let s = T::from_f64(scale);
-                cpu::assign_unary::<T>(&mut t, move |p| p.add(s));
-            }, else return Err(NdError::UnsupportedDType { op: OP, dtype: t.dtype, array: t.desc() }));
-            Ok(())
-        }),
-        Base::Arr(b) => engine::run_inplace(pg.id, &[b.id], |mut t, o| {
-            let b = &o[0];
-            if t.dtype != b.dtype {
-                return Err(NdError::DTypeMismatch {
-                    op: OP,
-                    lhs: t.desc(),
-                    rhs: b.desc(),
-                });
-            }
-            if Shape::broadcast(&t.layout.shape, b.shape()).as_ref() != Some(&t.layout.shape) {
-                return Err(NdError::ShapeMismatch {
-                    op: OP,
-                    lhs: t.desc(),
-                    rhs: b.desc(),
-                });
-            }
-            dispatch_float!(t.dtype, T => {
-                    if scale == 1.0 {
-                        cpu::assign_binary::<T>(&mut t, b, |p, q| p.add(q));
-                    } else {
-                        let s = T::from_f64(scale);
-                        cpu::assign_binary::<T>(&mut t, b, move |p, q| p.add(q.mul(s)));
-                    }
-                }, else return Err(NdError::UnsupportedDType { op: OP, dtype: t.dtype, array: t.desc() }));
-            Ok(())
-        }),
-    }
+        Base::Ones(_) => None,
+        Base::Arr(b) => Some(b.id),
+    };
+    engine::add_into("backward", pg.id, v, g.scale, false)
 }
 
 /// The gradients of `node`'s inputs (None where not needed) given its output's `g`,

@@ -71,8 +71,7 @@ mod lazy;
 
 pub(crate) use lazy::{Base, Env, LazyGrad};
 
-use crate::backend::cpu;
-use crate::dtype::{ScalarValue, dispatch};
+use crate::dtype::ScalarValue;
 use crate::engine::{self, ArrayId};
 use crate::error::{NdError, Result, twins, unwrap};
 use crate::{NDArray, NDScope, Shape};
@@ -431,7 +430,7 @@ fn record_slow(inputs: &[ArrayId], output: ArrayId, rule: &mut dyn FnMut() -> Ru
                 && ZEROED.with(|z| z.borrow_mut().insert(id))
                 && let Ok(Some(g)) = engine::grad(id)
             {
-                let _ = zero_fill(g);
+                let _ = engine::zero_fill(g);
             }
         }
     }
@@ -515,14 +514,6 @@ pub(crate) fn check_inplace_source(
         ));
     }
     Ok(())
-}
-
-/// Set every element of `id` to zero in place.
-fn zero_fill(id: ArrayId) -> Result<()> {
-    engine::run_inplace(id, &[], |mut t, _| {
-        dispatch!(t.dtype, T => cpu::assign_unary::<T>(&mut t, |_| <T as crate::dtype::Native>::ZERO));
-        Ok(())
-    })
 }
 
 /// Records differentiable ops on this thread while alive, for
@@ -644,7 +635,7 @@ fn zero_gradients() -> Result<()> {
     // (viewed or shared ones) here.
     for gr in engine::zero_my_param_grads() {
         // A gradient closed by hand is skipped; `gradient()` reports it.
-        let _ = zero_fill(gr);
+        let _ = engine::zero_fill(gr);
     }
     Ok(())
 }

@@ -4,9 +4,10 @@
 use super::exec::lock_arrays;
 use super::shard::{Ctx, my_shard};
 use super::slab::{ArrayId, MgrId};
-use super::{Buffer, Cause, Layout, Operand, lock_for_free, lock_record, records};
+use super::{Buffer, Cause, Layout, lock_for_free, lock_record, records};
 use crate::backend::cpu;
-use crate::error::{Result, SourceLocation};
+use crate::dtype::{dispatch, dispatch_float};
+use crate::error::{NdError, Result, SourceLocation};
 use crate::{DType, Shape};
 
 /// The gradient array of parameter `id`, if it requires one.
@@ -119,7 +120,7 @@ impl GradMut<'_> {
 pub(crate) fn add_to_grads(
     params: &[ArrayId],
     values: &[Option<(ArrayId, bool)>],
-    f: &mut dyn FnMut(usize, GradMut<'_>, Option<Operand<'_>>),
+    scales: &[f64],
 ) -> bool {
     let Some(first) = params.first() else {
         return true;
@@ -178,14 +179,66 @@ pub(crate) fn add_to_grads(
     for (i, g) in grads.iter().enumerate() {
         let Some(gr) = g else { continue };
         let value = values[i].and_then(|(v, _)| ctx.operand(v).ok());
-        let target = GradMut {
+        let sum = values[i].is_some_and(|(_, s)| s);
+        let mut t = GradMut {
             buf: sh.data_of(gr),
             layout: &gr.layout,
             dtype: gr.dtype,
         };
-        f(i, target, value);
+        dispatch_float!(t.dtype, T => {
+            let v = value.as_ref().map(cpu::Strided::<T>::from);
+            cpu::grad::add_into::<T>(t.strided::<T>(), v, scales[i], sum);
+        }, else unreachable!("a gradient is float"));
     }
     true
+}
+
+/// `pg += scale * v` in place (`v` `None`: all ones), `v` of `pg`'s dtype and
+/// broadcastable to its shape (or, with `sum`, summed over its broadcast axes down to
+/// it): the general path of [`add_to_grads`], one array at a time. `op` names the
+/// caller in errors.
+pub(crate) fn add_into(
+    op: &'static str,
+    pg: ArrayId,
+    v: Option<ArrayId>,
+    scale: f64,
+    sum: bool,
+) -> Result<()> {
+    let vs: smallvec::SmallVec<[ArrayId; 1]> = v.into_iter().collect();
+    super::run_inplace(pg, &vs, |mut t, o| {
+        let v = o.first();
+        if let Some(b) = v {
+            if t.dtype != b.dtype {
+                return Err(NdError::DTypeMismatch {
+                    op,
+                    lhs: t.desc(),
+                    rhs: b.desc(),
+                });
+            }
+            let (ts, bs) = (&t.layout.shape, b.shape());
+            let to = if sum { bs } else { ts };
+            if Shape::broadcast(ts, bs).as_ref() != Some(to) {
+                return Err(NdError::ShapeMismatch {
+                    op,
+                    lhs: t.desc(),
+                    rhs: b.desc(),
+                });
+            }
+        }
+        dispatch_float!(t.dtype, T => {
+            let v = v.map(cpu::Strided::<T>::from);
+            cpu::grad::add_into::<T>((&mut t).into(), v, scale, sum);
+        }, else return Err(NdError::UnsupportedDType { op, dtype: t.dtype, array: t.desc() }));
+        Ok(())
+    })
+}
+
+/// Set every element of `id` to zero in place.
+pub(crate) fn zero_fill(id: ArrayId) -> Result<()> {
+    super::run_inplace(id, &[], |mut t, _| {
+        dispatch!(t.dtype, T => cpu::assign_unary::<T>(&mut t, |_| <T as crate::dtype::Native>::ZERO));
+        Ok(())
+    })
 }
 
 /// What recording an op needs from the engine, read under one lock round trip.

@@ -74,8 +74,8 @@ pub(crate) use exec::{
     Operand, OperandMut, Output, create, materialize, read, run_inplace, run_op, unsupported,
 };
 pub(crate) use grads::{
-    TapeInfo, add_to_grads, drop_grad, grad, hold_all, install_grad, is_mine, is_param, loss_info,
-    tape_info, unhold_all, zero_my_param_grads,
+    TapeInfo, add_into, add_to_grads, drop_grad, grad, hold_all, install_grad, is_mine, is_param,
+    loss_info, tape_info, unhold_all, zero_fill, zero_my_param_grads,
 };
 pub(crate) use managers::{SYSTEM, Stats};
 pub(crate) use records::Cause;

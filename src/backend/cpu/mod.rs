@@ -16,6 +16,7 @@
 //!   `layer_norm`/`batch_norm` kernel and the running-statistics update;
 //! * [`window`]: the geometry of a 2-D sliding window; [`conv`]: im2col/col2im and
 //!   `conv2d`'s forward and gradient kernels; [`pool2d`]: max and average pooling;
+//! * [`grad`]: adding a (scaled, possibly broadcast) gradient into a parameter's;
 //! * [`fork`]: when a large kernel may split its work across threads, and where.
 
 #[cfg(feature = "openblas")]
@@ -26,6 +27,7 @@ pub(crate) mod copy;
 pub(crate) mod elementwise;
 pub(crate) mod fork;
 pub(crate) mod gather;
+pub(crate) mod grad;
 pub(crate) mod matmul;
 pub(crate) mod nn;
 pub(crate) mod norm;
