@@ -13,6 +13,7 @@ mod common;
 mod arithmetic;
 mod autograd;
 mod bad_input;
+mod conv_geometry;
 mod devices;
 mod gradcheck;
 mod matmul;

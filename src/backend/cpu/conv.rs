@@ -51,7 +51,9 @@ pub(crate) fn im2col<T: Native>(
             let d = &mut dst[b * lsz..(b + 1) * lsz];
             for oy in 0..g.oh {
                 let drow = &mut d[oy * g.ow..(oy + 1) * g.ow];
-                if oy < ylo || oy >= yhi {
+                // A tap whose every input column lies in the padding (xlo == xhi) reads
+                // nothing: its first input column may be negative, so no start is formed.
+                if oy < ylo || oy >= yhi || xlo >= xhi {
                     drow.fill(T::ZERO);
                     continue;
                 }
@@ -109,6 +111,9 @@ pub(crate) fn col2im<T: Native>(
             let (ylo, yhi) = g.rows(ki);
             for kj in 0..g.kw {
                 let (xlo, xhi) = g.cols(kj);
+                if xlo >= xhi {
+                    continue; // the tap lands only in the padding: nothing to add back
+                }
                 let r = (c * g.kh + ki) * g.kw + kj;
                 let src = &col[r * ncols + b * lsz..r * ncols + (b + 1) * lsz];
                 for oy in ylo..yhi {
