@@ -8,7 +8,7 @@ use super::records::Tomb;
 use super::records::{ArrayRec, BufMeta, Cause, ColdRec, ScopeRec, Store};
 use super::shard::{CURRENT_SCOPE, Ctx, Shard, Shards, add};
 use super::slab::{ArrayId, BufId, BufferK, MgrId, ScopeId, ScopeK, Slab};
-use super::{Buffer, Layout};
+use super::{Layout, Storage};
 use crate::DType;
 use crate::config;
 use crate::error::{Result, SourceLocation};
@@ -18,7 +18,7 @@ use std::sync::Arc;
 /// Where a new array's data comes from.
 pub(crate) enum Data {
     /// A fresh buffer, laid out contiguously.
-    New(Buffer),
+    New(Storage),
     /// A view of an existing buffer.
     Share(BufId),
 }
@@ -141,7 +141,7 @@ impl Shard {
     }
 
     /// An `Arc` around `buf`, reusing a spare shell when one is kept.
-    pub(crate) fn wrap_buffer(&mut self, buf: Buffer) -> Arc<Buffer> {
+    pub(crate) fn wrap_buffer(&mut self, buf: Storage) -> Arc<Storage> {
         match self.spare_arcs.pop() {
             Some(mut shell) => {
                 *Arc::get_mut(&mut shell).expect("spare shells are unique") = buf;
@@ -153,10 +153,10 @@ impl Shard {
 
     /// Release a dead buffer's block to the pool and keep its `Arc` shell for reuse
     /// (when no snapshot shares it; a snapshot's drop frees both then).
-    fn recycle_arc(&mut self, mut arc: Arc<Buffer>) {
+    fn recycle_arc(&mut self, mut arc: Arc<Storage>) {
         const MAX_SPARE_ARCS: usize = 1024;
         if let Some(b) = Arc::get_mut(&mut arc) {
-            *b = Buffer::empty();
+            *b = Storage::empty();
             if self.spare_arcs.len() < MAX_SPARE_ARCS {
                 self.spare_arcs.push(arc);
             }

@@ -22,11 +22,11 @@ use super::oplog;
 use super::records::{ArrayRec, Store};
 use super::shard::{Ctx, Shards, add, lock_needed, my_shard};
 use super::slab::{ArrayId, MgrId};
-use super::{Buffer, Layout};
+use super::{Buffer, Layout, Storage};
 use crate::backend::cpu::{self, NoFork, Strided, StridedMut};
 use crate::dtype::{Native, dispatch};
 use crate::error::{ArrayDesc, NdError, Result, SourceLocation};
-use crate::{DType, Shape};
+use crate::{DType, Device, Shape};
 use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -36,7 +36,7 @@ const OUTSIDE_LOCK_WORK: usize = 1 << 15;
 
 /// A resolved op input: read-only access to an array's data and metadata.
 pub(crate) struct Operand<'a> {
-    buf: &'a Buffer,
+    buf: &'a Storage,
     pub layout: &'a Layout,
     pub dtype: DType,
     pub id: ArrayId,
@@ -48,7 +48,7 @@ pub(crate) struct Operand<'a> {
 impl<'a> Operand<'a> {
     /// The operand of array `id` with record `r` and data `buf`.
     #[inline]
-    fn of(id: ArrayId, r: &'a ArrayRec, buf: &'a Buffer) -> Operand<'a> {
+    fn of(id: ArrayId, r: &'a ArrayRec, buf: &'a Storage) -> Operand<'a> {
         Operand {
             buf,
             layout: &r.layout,
@@ -70,6 +70,12 @@ impl<'a> Operand<'a> {
 
     pub(crate) fn shape(&self) -> &Shape {
         &self.layout.shape
+    }
+
+    /// The device the operand's data lives on.
+    #[inline]
+    pub(crate) fn device(&self) -> Device {
+        self.buf.device()
     }
 
     pub(crate) fn buffer_addr(&self) -> usize {
@@ -94,7 +100,7 @@ impl<'a> Operand<'a> {
 /// The writable target of an in-place op. `layout` may be narrowed (e.g. to a slice
 /// of the target) before writing; it must stay within the target's buffer.
 pub(crate) struct OperandMut<'a> {
-    buf: &'a Buffer,
+    buf: &'a Storage,
     pub layout: Layout,
     pub dtype: DType,
     pub id: ArrayId,
@@ -145,6 +151,38 @@ impl<'a, T: Native> From<&'a mut OperandMut<'_>> for StridedMut<'a, T> {
 pub(crate) fn materialize(o: &Operand<'_>) -> Result<(Buffer, Layout)> {
     let buf = dispatch!(o.dtype, T => cpu::map_unary::<T, T>(o, |x| x)?);
     Ok((buf, Layout::contiguous(o.layout.shape.clone())))
+}
+
+/// Check that op `name` may run its CPU kernel on `ops`: every operand is on the host.
+/// Operands on different devices are a `DeviceMismatch` naming the first input and the
+/// first one elsewhere; operands all on one other device are `Unsupported` there (this
+/// op has no kernel for it). Nothing has been allocated when this fails.
+#[inline]
+pub(crate) fn on_host(name: &'static str, ops: &[Operand<'_>]) -> Result<()> {
+    if ops.iter().all(|o| o.device() == Device::Cpu) {
+        Ok(())
+    } else {
+        Err(device_error(name, ops))
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn device_error(name: &'static str, ops: &[Operand<'_>]) -> NdError {
+    let first = &ops[0];
+    match ops.iter().find(|o| o.device() != first.device()) {
+        Some(other) => NdError::DeviceMismatch {
+            op: name,
+            lhs: first.desc(),
+            lhs_device: first.device(),
+            rhs: other.desc(),
+            rhs_device: other.device(),
+        },
+        None => NdError::Unsupported {
+            op: name,
+            device: first.device(),
+        },
+    }
 }
 
 /// Error for a dtype an op does not support.
@@ -226,14 +264,14 @@ pub(crate) fn run_op(
     f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,
 ) -> Result<ArrayId> {
     if !oplog::active() {
-        return run_op_inner(inputs, at, f);
+        return run_op_inner(name, inputs, at, f);
     }
     let input_shapes = inputs
         .iter()
         .map(|&id| super::shape(id))
         .collect::<Result<Vec<_>>>()?;
     let t0 = std::time::Instant::now();
-    let id = run_op_inner(inputs, at, f)?;
+    let id = run_op_inner(name, inputs, at, f)?;
     let duration = t0.elapsed();
     let ctx = Ctx::read_only(&[id.shard]);
     oplog::record(oplog::OpRecord {
@@ -247,6 +285,7 @@ pub(crate) fn run_op(
 }
 
 fn run_op_inner(
+    name: &'static str,
     inputs: &[ArrayId],
     at: SourceLocation,
     f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,
@@ -261,11 +300,12 @@ fn run_op_inner(
     };
     let mut ops = Operands::new();
     ctx.resolve(inputs, &mut ops)?;
+    on_host(name, &ops)?;
     let work: usize = ops.iter().map(|o| o.layout.size()).sum();
     if work >= OUTSIDE_LOCK_WORK {
         drop(ops);
         drop(ctx);
-        return run_op_unlocked(me, inputs, at, f);
+        return run_op_unlocked(me, inputs, at, f); // devices checked above: data never moves
     }
     // Resolved above, so `ops[0]` exists; its manager owns the result.
     let mgr = ops[0].manager;
@@ -307,7 +347,7 @@ fn run_op_unlocked(
 
 /// An op input held across an unlocked compute.
 struct Snapshot {
-    buf: Arc<Buffer>,
+    buf: Arc<Storage>,
     layout: Layout,
     dtype: DType,
     id: ArrayId,
@@ -343,7 +383,7 @@ fn take_snapshots(inputs: &[ArrayId]) -> Result<SmallVec<[Snapshot; 3]>> {
             }
         }
         // The buffer record of each input (all shared now).
-        let bufs: SmallVec<[&Arc<Buffer>; 3]> = inputs
+        let bufs: SmallVec<[&Arc<Storage>; 3]> = inputs
             .iter()
             .map(|&id| match ctx.array(id).expect("checked above").store {
                 Store::Shared(b) => &ctx.buffer(b).buf,
@@ -415,7 +455,7 @@ fn drop_snapshots(snaps: &mut [Snapshot]) {
 /// Writers waiting for outside reads to end park here.
 static READS_DONE: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
 
-fn end_outside_read(buf: &Buffer) {
+fn end_outside_read(buf: &Storage) {
     if buf.end_outside_read() {
         // The last outside read ended and a writer may be waiting.
         let _g = READS_DONE.0.lock();
@@ -425,7 +465,7 @@ fn end_outside_read(buf: &Buffer) {
 
 /// Park until `buf` has no outside reader (re-checked by the caller under its lock).
 /// The caller has announced itself ([`WriterTurn`]), so no new outside read starts.
-fn wait_for_readers(buf: &Buffer) {
+fn wait_for_readers(buf: &Storage) {
     let mut g = READS_DONE.0.lock();
     while buf.has_outside_readers() {
         // (The last reader notifies under this mutex; the timeout is a safety net.)
@@ -436,7 +476,7 @@ fn wait_for_readers(buf: &Buffer) {
 }
 
 /// Park until no announced writer of `buf` is left.
-fn wait_for_writers(buf: &Buffer) {
+fn wait_for_writers(buf: &Storage) {
     let mut g = READS_DONE.0.lock();
     while buf.has_writers() {
         READS_DONE
@@ -447,10 +487,10 @@ fn wait_for_writers(buf: &Buffer) {
 
 /// An in-place writer's announcement on a buffer with reads in flight: while it lives,
 /// new outside reads of the buffer wait. Dropped once the write is done (or failed).
-struct WriterTurn(Arc<Buffer>);
+struct WriterTurn(Arc<Storage>);
 
 impl WriterTurn {
-    fn announce(buf: Arc<Buffer>) -> WriterTurn {
+    fn announce(buf: Arc<Storage>) -> WriterTurn {
         buf.announce_writer();
         WriterTurn(buf)
     }
@@ -477,7 +517,7 @@ fn register_output(
         Output::New { buf, shape, dtype } => ctx.insert_array(
             me,
             mgr,
-            Data::New(buf),
+            Data::New(buf.into()),
             Layout::contiguous(shape),
             dtype,
             at,
@@ -541,7 +581,7 @@ pub(crate) fn create(
     ctx.insert_array(
         me,
         mgr,
-        Data::New(buf),
+        Data::New(buf.into()),
         Layout::contiguous(shape),
         dtype,
         at,
@@ -600,7 +640,7 @@ pub(crate) fn run_inplace(
     let tbuf = ctx.shr(target.shard).data_of(r);
     // Inputs sharing the target's buffer are copied out first so reads never alias
     // the write (declared first: the operands may point into it).
-    let copies: SmallVec<[Option<(Buffer, Layout)>; 2]>;
+    let copies: SmallVec<[Option<(Storage, Layout)>; 2]>;
     let mut ops = SmallVec::<[Operand<'_>; 2]>::new();
     for &id in inputs {
         ops.push(ctx.operand(id)?);
@@ -609,7 +649,11 @@ pub(crate) fn run_inplace(
     if ops.iter().any(aliases) {
         copies = ops
             .iter()
-            .map(|o| aliases(o).then(|| materialize(o)).transpose())
+            .map(|o| {
+                aliases(o)
+                    .then(|| materialize(o).map(|(b, l)| (Storage::from(b), l)))
+                    .transpose()
+            })
             .collect::<Result<_>>()?;
         for (o, c) in ops.iter_mut().zip(&copies) {
             if let Some((b, l)) = c {

@@ -4,7 +4,7 @@
 use super::exec::lock_arrays;
 use super::shard::{Ctx, my_shard};
 use super::slab::{ArrayId, MgrId};
-use super::{Buffer, Cause, Layout, lock_for_free, lock_record, records};
+use super::{Cause, Layout, Storage, lock_for_free, lock_record, records};
 use crate::backend::cpu;
 use crate::dtype::{dispatch, dispatch_float};
 use crate::error::{NdError, Result, SourceLocation};
@@ -87,7 +87,7 @@ pub(crate) fn zero_my_param_grads() -> Vec<ArrayId> {
 /// The gradient array of a parameter, writable in place under its shard's lock: what
 /// [`add_to_grads`] hands its kernel.
 pub(crate) struct GradMut<'a> {
-    buf: &'a Buffer,
+    buf: &'a Storage,
     pub layout: &'a Layout,
     pub dtype: DType,
 }

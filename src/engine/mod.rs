@@ -65,6 +65,7 @@ mod records;
 mod scopes;
 mod shard;
 pub(crate) mod slab;
+mod storage;
 mod tasks;
 
 pub(crate) use crate::backend::cpu::Buffer;
@@ -81,6 +82,7 @@ pub(crate) use managers::{SYSTEM, Stats};
 pub(crate) use records::Cause;
 pub use records::Resource;
 pub(crate) use slab::{ArrayId, MgrId, ScopeId};
+pub(crate) use storage::Storage;
 pub(crate) use tasks::{
     close_task, current_scope, current_task_records, open_task_record, replace_current_scope,
     scopes_stats, set_task_parent, task_escape, this_shard,

@@ -6,8 +6,8 @@
 //! registrations, counts) together; the diagnostics it carries are one `&'static`
 //! creation site (always) and a backtrace only in verbose mode.
 
-use super::Buffer;
 use super::Layout;
+use super::Storage;
 use super::shard::{Ctx, Shard};
 use super::slab::{ArrayId, BufId, MgrId, ScopeId};
 use crate::DType;
@@ -59,7 +59,7 @@ pub(crate) struct ArrayRec {
 pub(crate) enum Store {
     /// The array's own buffer: no other array views it, and its bytes are charged to
     /// the array.
-    Own(Buffer),
+    Own(Storage),
     /// A buffer record of the array's shard (home or proxy), shared with views.
     Shared(BufId),
 }
@@ -108,7 +108,7 @@ impl ArrayRec {
 ///
 /// Every array's buffer record lives in the array's own shard. The shard that created
 /// the data holds its *home* record; another shard that views it holds a *proxy*
-/// record (same `Arc<Buffer>`, its own holders, `home` set) listed in the home's
+/// record (same `Arc<Storage>`, its own holders, `home` set) listed in the home's
 /// `proxies`. So views made and freed on one thread touch only its shard, even of
 /// another thread's data. The buffer's bytes are charged to the first holder of the
 /// one record (home or proxy) that `carries` the charge; when that holder goes, the
@@ -117,7 +117,7 @@ impl ArrayRec {
 /// An in-place write locks the home's shard and every proxy's, which excludes the
 /// readers of all of them.
 pub(crate) struct BufMeta {
-    pub buf: Arc<Buffer>,
+    pub buf: Arc<Storage>,
     /// Arrays of this shard viewing the buffer.
     pub holders: Holders,
     /// Whether this record's first holder is charged for the bytes.
@@ -238,7 +238,7 @@ pub(crate) struct Tomb {
 impl Shard {
     /// The data of record `r` (an array of this shard).
     #[inline]
-    pub(crate) fn data_of<'a>(&'a self, r: &'a ArrayRec) -> &'a Buffer {
+    pub(crate) fn data_of<'a>(&'a self, r: &'a ArrayRec) -> &'a Storage {
         match &r.store {
             Store::Own(b) => b,
             Store::Shared(b) => &self.buffers.get(*b).expect("live array has a buffer").buf,
@@ -252,7 +252,7 @@ impl Shard {
         let r = self.arrays.get_mut(id).expect("sharing a live array");
         let buf = match &mut r.store {
             Store::Shared(b) => return *b,
-            Store::Own(b) => std::mem::replace(b, Buffer::empty()),
+            Store::Own(b) => std::mem::replace(b, Storage::empty()),
         };
         let mut holders = Holders::default();
         holders.push(id);

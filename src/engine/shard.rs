@@ -18,7 +18,7 @@
 //! it) to the next new thread, so arrays outlive the thread that made them and shards
 //! stay bounded by the number of threads alive at once.
 
-use super::Buffer;
+use super::Storage;
 use super::managers::MgrEntry;
 use super::records::ScopeRec;
 use super::records::{ArrayRec, BufMeta, Tomb, Traces};
@@ -55,9 +55,9 @@ pub(crate) struct Shard {
     pub graves: Graveyard<ArrayK, Tomb>,
     /// Backtraces of recently freed arrays (verbose mode only).
     pub traces: Graveyard<ArrayK, Traces>,
-    /// Emptied `Arc<Buffer>` shells kept for reuse, so a new buffer costs no allocation
+    /// Emptied `Arc<Storage>` shells kept for reuse, so a new buffer costs no allocation
     /// for its `Arc` (the block itself comes from the caching pool).
-    pub spare_arcs: Vec<Arc<Buffer>>,
+    pub spare_arcs: Vec<Arc<Storage>>,
     /// Emptied scope array lists kept for reuse by the next scopes.
     pub spare_lists: Vec<Vec<ArrayId>>,
 }

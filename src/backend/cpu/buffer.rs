@@ -2,18 +2,14 @@
 //! views, recycled through a caching pool (see [`pool`]).
 //!
 //! A [`Buffer`] is always fully initialised (fresh blocks are zeroed; reused blocks hold
-//! old values), so typed slices over it are valid for every native type. Who may read
-//! or write is decided by the registry (see `engine/mod.rs`): writes happen only under
-//! the engine lock with no reader outside it, which `outside_readers` counts; a writer
-//! that finds reads in flight announces itself (`writers`), and outside reads that
-//! would start meanwhile wait for it (see `engine/exec.rs`).
+//! old values), so typed slices over it are valid for every native type. It is plain
+//! memory: who may read or write it when is the engine's bookkeeping, kept beside it
+//! in the engine's `Storage` (see `engine/storage.rs`).
 
 use super::pool::{self, ALIGN};
 use crate::dtype::Native;
 use crate::error::{NdError, Result};
 use std::ptr::NonNull;
-
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A type with the buffers' alignment, for the dangling pointer of empty buffers.
 #[repr(align(64))]
@@ -27,16 +23,12 @@ pub(crate) struct Buffer {
     /// The pool size class of the block (its capacity), `pool::FRESH` set when it came
     /// zeroed from the system allocator; `pool::NO_CLASS` for empty buffers.
     class: u32,
-    /// Number of ops currently reading this buffer without holding a shard lock.
-    outside_readers: AtomicUsize,
-    /// In-place writers that found outside reads in flight and have not written yet:
-    /// new outside reads wait for them, so a stream of reads cannot starve a writer.
-    writers: AtomicUsize,
 }
 
 // SAFETY: `Buffer` owns its block exclusively (like `Vec<u8>`); shared access is
-// coordinated by the engine: reads of immutable data from several threads are fine, and
-// writes are only made under the lock of the buffer's shard with `outside_readers == 0`.
+// coordinated by the engine (`engine/storage.rs`): reads of immutable data from several
+// threads are fine, and writes are only made under the lock of the buffer's shard with
+// no outside read in flight.
 unsafe impl Send for Buffer {}
 // SAFETY: see `Send` above.
 unsafe impl Sync for Buffer {}
@@ -50,8 +42,6 @@ impl Buffer {
             ptr: NonNull::<AlignedBlock>::dangling().cast(),
             bytes: 0,
             class: pool::NO_CLASS,
-            outside_readers: AtomicUsize::new(0),
-            writers: AtomicUsize::new(0),
         }
     }
 
@@ -73,13 +63,7 @@ impl Buffer {
             return Ok(Buffer::empty());
         }
         let (class, ptr) = pool::take(bytes)?;
-        Ok(Buffer {
-            ptr,
-            bytes,
-            class,
-            outside_readers: AtomicUsize::new(0),
-            writers: AtomicUsize::new(0),
-        })
+        Ok(Buffer { ptr, bytes, class })
     }
 
     /// Whether the block came zeroed from the system (or is empty).
@@ -136,39 +120,6 @@ impl Buffer {
         // SAFETY: the block is `bytes` long and owned by `self`; the caller guarantees
         // no other access while it is written.
         unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), 0, self.bytes) }
-    }
-
-    pub(crate) fn begin_outside_read(&self) {
-        self.outside_readers.fetch_add(1, Ordering::SeqCst);
-    }
-
-    // SeqCst throughout: a reader ends (readers down, then writers read) while a writer
-    // announces (writers up, then readers read); one of them must see the other.
-
-    /// Ends an outside read; true when it was the last one and a writer waits for it.
-    pub(crate) fn end_outside_read(&self) -> bool {
-        self.outside_readers.fetch_sub(1, Ordering::SeqCst) == 1 && self.has_writers()
-    }
-
-    /// An in-place writer found outside reads in flight: until [`Buffer::writer_done`],
-    /// new outside reads wait.
-    pub(crate) fn announce_writer(&self) {
-        self.writers.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// An announced writer has written (or given up); true when it was the last one, so
-    /// that the reads waiting for it may start.
-    pub(crate) fn writer_done(&self) -> bool {
-        self.writers.fetch_sub(1, Ordering::SeqCst) == 1
-    }
-
-    /// Whether an announced writer has not written yet.
-    pub(crate) fn has_writers(&self) -> bool {
-        self.writers.load(Ordering::SeqCst) != 0
-    }
-
-    pub(crate) fn has_outside_readers(&self) -> bool {
-        self.outside_readers.load(Ordering::SeqCst) != 0
     }
 
     /// Address identity, used to detect aliasing between an in-place target and inputs.

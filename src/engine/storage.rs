@@ -1,0 +1,149 @@
+//! [`Storage`]: the data of an array as the engine holds it, a backend's block of
+//! memory plus the engine's bookkeeping of who reads and writes it.
+//!
+//! A backend allocates and frees memory and computes on it; it does not decide who may
+//! touch a block when. That is the engine's job (see `exec.rs`): writes happen only
+//! under the lock of the buffer's shard with no read outside it in flight, which
+//! `outside_readers` counts; a writer that finds reads in flight announces itself
+//! (`writers`), and outside reads that would start meanwhile wait for it. So the
+//! counters live here, beside the block, and a backend's buffer is plain memory.
+//!
+//! [`Mem`] names the device the block lives on. Today every block is host memory (the
+//! CPU backend's [`Buffer`]); a device backend adds its variant, and the op path
+//! dispatches on it (an op hands a CPU kernel only host operands).
+
+use super::Buffer;
+use crate::Device;
+use crate::dtype::Native;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Where a block of array data lives.
+pub(crate) enum Mem {
+    /// Host memory from the CPU backend's pool.
+    Host(Buffer),
+}
+
+/// An array's data block and the engine's read/write bookkeeping for it.
+pub(crate) struct Storage {
+    mem: Mem,
+    /// Number of ops currently reading this buffer without holding a shard lock.
+    outside_readers: AtomicUsize,
+    /// In-place writers that found outside reads in flight and have not written yet:
+    /// new outside reads wait for them, so a stream of reads cannot starve a writer.
+    writers: AtomicUsize,
+}
+
+impl From<Buffer> for Storage {
+    #[inline]
+    fn from(buf: Buffer) -> Storage {
+        Storage {
+            mem: Mem::Host(buf),
+            outside_readers: AtomicUsize::new(0),
+            writers: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Storage {
+    /// Storage of no bytes (on the host).
+    pub(crate) fn empty() -> Storage {
+        Storage::from(Buffer::empty())
+    }
+
+    /// The device the block lives on.
+    #[inline]
+    pub(crate) fn device(&self) -> Device {
+        match &self.mem {
+            Mem::Host(_) => Device::Cpu,
+        }
+    }
+
+    /// The host block. Every op handed its operands to a CPU kernel only after checking
+    /// that they live on the host, so this is infallible where kernels call it.
+    #[inline]
+    fn host(&self) -> &Buffer {
+        match &self.mem {
+            Mem::Host(b) => b,
+        }
+    }
+
+    /// Size in bytes.
+    #[inline]
+    pub(crate) fn bytes(&self) -> usize {
+        match &self.mem {
+            Mem::Host(b) => b.bytes(),
+        }
+    }
+
+    /// Address identity, used to detect aliasing between an in-place target and inputs.
+    #[inline]
+    pub(crate) fn addr(&self) -> usize {
+        match &self.mem {
+            Mem::Host(b) => b.addr(),
+        }
+    }
+
+    /// The whole host block as a slice of `T`.
+    ///
+    /// # Safety
+    /// As [`Buffer::slice`]: no one may write the block while the slice lives.
+    #[inline]
+    pub(crate) unsafe fn slice<T: Native>(&self) -> &[T] {
+        // SAFETY: forwarded; the caller guarantees no concurrent writer.
+        unsafe { self.host().slice::<T>() }
+    }
+
+    /// The whole host block as a mutable slice of `T`.
+    ///
+    /// # Safety
+    /// As [`Buffer::slice_mut`]: exclusive access (fresh, or the shard lock held with no
+    /// outside read in flight and no other slice alive).
+    #[allow(clippy::mut_from_ref)]
+    #[inline]
+    pub(crate) unsafe fn slice_mut<T: Native>(&self) -> &mut [T] {
+        // SAFETY: forwarded; the caller guarantees exclusive access.
+        unsafe { self.host().slice_mut::<T>() }
+    }
+
+    /// Set every byte to zero.
+    ///
+    /// # Safety
+    /// Exclusive access, as for [`Storage::slice_mut`].
+    pub(crate) unsafe fn fill_zero(&self) {
+        // SAFETY: forwarded; the caller guarantees exclusive access.
+        unsafe { self.host().fill_zero() }
+    }
+
+    pub(crate) fn begin_outside_read(&self) {
+        self.outside_readers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    // SeqCst throughout: a reader ends (readers down, then writers read) while a writer
+    // announces (writers up, then readers read); one of them must see the other.
+
+    /// Ends an outside read; true when it was the last one and a writer waits for it.
+    pub(crate) fn end_outside_read(&self) -> bool {
+        self.outside_readers.fetch_sub(1, Ordering::SeqCst) == 1 && self.has_writers()
+    }
+
+    /// An in-place writer found outside reads in flight: until [`Storage::writer_done`],
+    /// new outside reads wait.
+    pub(crate) fn announce_writer(&self) {
+        self.writers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// An announced writer has written (or given up); true when it was the last one, so
+    /// that the reads waiting for it may start.
+    pub(crate) fn writer_done(&self) -> bool {
+        self.writers.fetch_sub(1, Ordering::SeqCst) == 1
+    }
+
+    /// Whether an announced writer has not written yet.
+    pub(crate) fn has_writers(&self) -> bool {
+        self.writers.load(Ordering::SeqCst) != 0
+    }
+
+    pub(crate) fn has_outside_readers(&self) -> bool {
+        self.outside_readers.load(Ordering::SeqCst) != 0
+    }
+}
