@@ -17,7 +17,7 @@
 //! * [`custom_op`]: a named op over input arrays that makes a new array, either from a
 //!   new buffer or as a view of an input; the result belongs to the first input's
 //!   manager and to the current scope, and the op appears in a
-//!   [`profile`](crate::profile) under its name. Not recorded for autograd;
+//!   [`profile`](crate::profile()) under its name. Not recorded for autograd;
 //! * [`array_from_buffer`] and [`check_manager_open`]: a new array owned by a manager
 //!   from a filled backend [`Buffer`] (a file's contents), and the check that a manager
 //!   still takes arrays;

@@ -8,7 +8,7 @@
 //! * **Every array has one owner**, an [`NDManager`] in a tree rooted at
 //!   [`NDManager::system()`]. An op's result belongs to its first input's manager.
 //!   Closing a manager frees its arrays and closes its sub-managers.
-//! * **Scopes free what a block created** ([`NDScope`], [`scope`]): every array created
+//! * **Scopes free what a block created** ([`NDScope`], [`scope()`]): every array created
 //!   on a thread while a scope is open is registered in it and freed when it closes,
 //!   whatever its manager, so a training loop's intermediates (`grad * lr`) cannot pile
 //!   up in a long-lived manager. Returned arrays escape to the enclosing scope.

@@ -106,7 +106,7 @@ use std::task::{Context, Poll};
 /// whichever thread, are freed when it completes, is dropped (cancelled) or panics.
 ///
 /// On completion its output escapes one level, like the return value of
-/// [`crate::scope`]: into the scope current where the returned future is polled (an
+/// [`crate::scope()`]: into the scope current where the returned future is polled (an
 /// enclosing `scope_async`, the thread's scope, or none). Scopes opened inside a poll
 /// nest inside the task's scope. A use of an array freed by the task's end says so:
 /// `... closed by close of the async task scope opened at FILE:LINE (completed)`.

@@ -1,7 +1,7 @@
 //! Reductions: `sum`, `mean`, `max`, `min`, `prod` over all elements or chosen axes,
 //! and `argmax`/`argmin`. Every op has a `try_*` form and a panicking form.
 //!
-//! All of them run one [`cpu::reduce`] pass over the input (no temporaries). A full
+//! All of them run one [`cpu::reduce()`] pass over the input (no temporaries). A full
 //! reduction of a contiguous array merges into one long contiguous row, so `sum()` is
 //! one pairwise, 8-lane, multi-threaded [`cpu::sum_row`] call.
 

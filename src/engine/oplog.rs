@@ -12,7 +12,7 @@ thread_local! {
     static RECORDS: RefCell<Vec<Vec<OpRecord>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// One op run inside [`crate::profile`].
+/// One op run inside [`crate::profile()`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpRecord {
     /// The op's name (`"add"`, `"matmul"`, ...).
@@ -27,7 +27,7 @@ pub struct OpRecord {
     pub duration: Duration,
 }
 
-/// Whether a [`crate::profile`] window is open on this thread.
+/// Whether a [`crate::profile()`] window is open on this thread.
 #[inline]
 pub(crate) fn active() -> bool {
     DEPTH.with(|d| d.get() > 0)

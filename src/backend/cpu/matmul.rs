@@ -1,5 +1,5 @@
 //! Matrix products: `gemm` for real work, a plain loop for tiny products, OpenBLAS
-//! under the `openblas` feature (see [`super::blas`]).
+//! under the `openblas` feature (see `super::blas`).
 
 use super::fork::{fork, fork_threads, may_fork};
 use super::strided::Mat;

@@ -8,7 +8,7 @@
 //!
 //! * [`buffer`]: data blocks, and the [`pool`] that recycles them;
 //! * [`strided`]: the typed views kernels read and write;
-//! * [`elementwise`], [`reduce`], [`matmul`] (and `blas`, the optional OpenBLAS path):
+//! * [`elementwise`], [`reduce`](mod@reduce), [`matmul`] (and `blas`, the optional OpenBLAS path):
 //!   the kernels shared by many ops;
 //! * [`copy`]: strided block copies and fill values; [`gather`]: the index-array
 //!   kernels (`index_select`, `gather`, `scatter_add`, `take`, masks);
@@ -17,7 +17,7 @@
 //! * [`window`]: the geometry of a 2-D sliding window; [`conv`]: im2col/col2im and
 //!   `conv2d`'s forward and gradient kernels; [`pool2d`]: max and average pooling;
 //! * [`grad`]: adding a (scaled, possibly broadcast) gradient into a parameter's;
-//! * [`fork`]: when a large kernel may split its work across threads, and where.
+//! * [`fork`](mod@fork): when a large kernel may split its work across threads, and where.
 
 #[cfg(feature = "openblas")]
 mod blas;
