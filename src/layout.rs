@@ -99,6 +99,35 @@ pub(crate) fn for_each_row<const K: usize>(
     walk(shape, strides, base, row_of(shape, strides), f);
 }
 
+/// Call `f(src_start, src_step, dst_start, dst_step)` once per lane of `l` along `axis`:
+/// the elements `src_start + i*src_step` of `l`'s buffer (`i < l.shape[axis]`), and
+/// the same elements of a contiguous array of `l`'s shape (`dst_*`). The kernels that
+/// work lane by lane (softmax, cumsum) write their result through it. No lanes when a
+/// dimension is zero.
+pub(crate) fn for_each_lane(
+    l: &Layout,
+    axis: usize,
+    mut f: impl FnMut(isize, isize, isize, isize),
+) {
+    let dims = l.shape.dims();
+    let out_strides = l.shape.contiguous_strides();
+    let (mut outer, mut si, mut so) = (Dims::new(), Strides::new(), Strides::new());
+    for d in (0..dims.len()).filter(|&d| d != axis) {
+        outer.push(dims[d]);
+        si.push(l.strides[d]);
+        so.push(out_strides[d]);
+    }
+    if dims[axis] == 0 {
+        return;
+    }
+    let (ss, ds) = (l.strides[axis], out_strides[axis]);
+    for_each_row(&outer, [&si, &so], [l.offset, 0], |off, rows, s| {
+        for r in 0..rows as isize {
+            f(off[0] + r * s[0], ss, off[1] + r * s[1], ds);
+        }
+    });
+}
+
 /// Call `f` for each row that `row` (from [`row_of`]) describes.
 #[inline(always)]
 fn walk<const K: usize>(

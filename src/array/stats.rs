@@ -9,9 +9,8 @@ use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu;
 use crate::backend::cpu::new_overwritten;
 use crate::dtype::{Native, dispatch, dispatch_float};
-use crate::engine::{self, Buffer, Operand, Output};
+use crate::engine::{self, Operand, Output};
 use crate::error::{Result, SourceLocation, twins};
-use crate::layout::{Strides, for_each_row};
 use crate::shape::keep_dims_shape;
 use crate::shape::{Dims, Shape};
 use smallvec::{SmallVec, smallvec};
@@ -295,40 +294,6 @@ impl Backward for NormRule {
     }
 }
 
-/// Running sums along `axis` (from the end when `reverse`) into a new contiguous buffer.
-fn cumsum_kernel<T: Native>(a: &Operand<'_>, axis: usize, reverse: bool) -> Result<Buffer> {
-    let l = a.layout;
-    let src = a.data::<T>();
-    let n = l.size();
-    let dims = l.shape.dims();
-    new_overwritten::<T>(n, |out| {
-        // A zero-size view may carry an offset past the end of its buffer.
-        if n == 0 {
-            return;
-        }
-        let len = dims[axis];
-        let out_strides = l.shape.contiguous_strides();
-        let (mut outer, mut si, mut so) = (Dims::new(), Strides::new(), Strides::new());
-        for d in (0..dims.len()).filter(|&d| d != axis) {
-            outer.push(dims[d]);
-            si.push(l.strides[d]);
-            so.push(out_strides[d]);
-        }
-        let (ss, ds) = (l.strides[axis], out_strides[axis]);
-        for_each_row(&outer, [&si, &so], [l.offset, 0], |off, rows, s| {
-            for r in 0..rows as isize {
-                let (s0, d0) = (off[0] + r * s[0], off[1] + r * s[1]);
-                let mut acc = T::ZERO;
-                for i in 0..len as isize {
-                    let k = if reverse { len as isize - 1 - i } else { i };
-                    acc = acc.add(src[(s0 + k * ss) as usize]);
-                    out[(d0 + k * ds) as usize] = acc;
-                }
-            }
-        });
-    })
-}
-
 fn cumsum_impl(x: NDArray, axis: isize, reverse: bool, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "cumsum";
     let id = engine::run_op(OP, &[x.id], at, |o| {
@@ -337,7 +302,7 @@ fn cumsum_impl(x: NDArray, axis: isize, reverse: bool, at: SourceLocation) -> Re
             return Err(engine::unsupported(OP, a));
         }
         let ax = normalize_axis(OP, a, axis)?;
-        let buf = dispatch!(a.dtype, T => cumsum_kernel::<T>(a, ax, reverse)?);
+        let buf = dispatch!(a.dtype, T => cpu::reduce::cumsum::<T>(a.into(), ax, reverse)?);
         Ok(Output::New {
             buf,
             shape: a.shape().clone(),

@@ -8,8 +8,8 @@ use super::fork::{PARALLEL_ELEMS, fork, may_fork};
 use super::strided::Strided;
 use crate::dtype::{Float, Native};
 use crate::error::Result;
-use crate::layout::{Strides, for_each_row};
-use crate::shape::{Dims, Shape};
+use crate::layout::{for_each_lane, for_each_row};
+use crate::shape::Shape;
 use rayon::prelude::*;
 
 /// Softmax (or log-softmax) of one lane: `src[s0 + i*ss]` into `dst[d0 + i*ds]`.
@@ -85,19 +85,8 @@ pub(crate) fn softmax_kernel<T: Float>(
             }
             return;
         }
-        let out_strides = l.shape.contiguous_strides();
-        let (mut outer, mut si, mut so) = (Dims::new(), Strides::new(), Strides::new());
-        for d in (0..dims.len()).filter(|&d| d != axis) {
-            outer.push(dims[d]);
-            si.push(l.strides[d]);
-            so.push(out_strides[d]);
-        }
-        let (ss, ds) = (l.strides[axis], out_strides[axis] as usize);
-        for_each_row(&outer, [&si, &so], [l.offset, 0], |off, rows, s| {
-            for r in 0..rows as isize {
-                let (s0, d0) = (off[0] + r * s[0], (off[1] + r * s[1]) as usize);
-                softmax_lane(src, s0, ss, out, d0, ds, len, log);
-            }
+        for_each_lane(l, axis, |s0, ss, d0, ds| {
+            softmax_lane(src, s0, ss, out, d0 as usize, ds as usize, len, log)
         });
     })
 }

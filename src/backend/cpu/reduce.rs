@@ -1,10 +1,12 @@
 //! Reductions over strided data: along any set of axes, with a pairwise (and, when
 //! large, split) sum for whole contiguous rows.
 
+use super::buffer::{Buffer, new_overwritten};
 use super::fork::{PARALLEL_ELEMS, fork, fork_threads, may_fork};
 use super::strided::Strided;
 use crate::dtype::Native;
-use crate::layout::{Layout, for_each_row};
+use crate::error::Result;
+use crate::layout::{Layout, for_each_lane, for_each_row};
 use crate::shape::Dims;
 use rayon::prelude::*;
 
@@ -293,4 +295,29 @@ fn lanes_sum<T: Native>(x: &[T]) -> T {
         s = s.add(*v);
     }
     lanes[0].add(s)
+}
+
+/// Running sums of `a` along `axis` (from the end when `reverse`) into a new contiguous
+/// buffer.
+pub(crate) fn cumsum<T: Native>(a: Strided<'_, T>, axis: usize, reverse: bool) -> Result<Buffer> {
+    let Strided {
+        data: src,
+        layout: l,
+    } = a;
+    let n = l.size();
+    new_overwritten::<T>(n, |out| {
+        // A zero-size view may carry an offset past the end of its buffer.
+        if n == 0 {
+            return;
+        }
+        let len = l.shape.dims()[axis] as isize;
+        for_each_lane(l, axis, |s0, ss, d0, ds| {
+            let mut acc = T::ZERO;
+            for i in 0..len {
+                let k = if reverse { len - 1 - i } else { i };
+                acc = acc.add(src[(s0 + k * ss) as usize]);
+                out[(d0 + k * ds) as usize] = acc;
+            }
+        });
+    })
 }
