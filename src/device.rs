@@ -80,6 +80,14 @@ pub fn devices() -> Vec<DeviceInfo> {
 /// The GPU adapters (name, backend) in [`devices`]' order: none until a GPU backend
 /// is built in.
 fn gpu_adapters() -> Vec<(String, String)> {
+    #[cfg(feature = "gpu")]
+    {
+        crate::backend::wgpu::adapters()
+            .iter()
+            .map(|a| (a.name.clone(), a.backend.to_string()))
+            .collect()
+    }
+    #[cfg(not(feature = "gpu"))]
     Vec::new()
 }
 

@@ -113,11 +113,9 @@ impl NDManager {
         /// come with the wgpu backend).
         pub fn try_new_on(device: Device) -> NDManager {
             crate::device::check(device)?;
-            if device != Device::Cpu {
-                return Err(NdError::Unsupported {
-                    op: "new_on",
-                    device,
-                });
+            #[cfg(feature = "gpu")]
+            if let Device::Gpu(n) = device {
+                crate::backend::wgpu::ctx(n)?; // opened now, so a broken device fails here
             }
             let id = engine::new_manager(engine::SYSTEM, None, Some(device))?;
             Ok(NDManager { id })

@@ -221,7 +221,7 @@ fn index_error(op: &'static str, msg: String, array: Box<ArrayDesc>) -> NdError 
 }
 
 fn get(x: NDArray, index: &str, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op("get", &[x.id], at, |o| {
+    let id = engine::run_op_on("get", &[x.id], at, |o| {
         let o = &o[0];
         let layout = select(o.layout, index).map_err(|m| index_error("get", m, o.desc()))?;
         Ok(Output::View { of: 0, layout })

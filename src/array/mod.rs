@@ -8,6 +8,7 @@
 
 mod axis;
 mod conv;
+pub(crate) mod device;
 mod display;
 mod dropout;
 pub(crate) mod gather;
@@ -116,11 +117,13 @@ impl NDArray {
     }
 
     twins! {
-        /// The device the array lives on (its manager's). Panics if the array is closed.
+        /// The device the array's data lives on: its manager's for what the manager
+        /// creates, the target's for a `to_device` copy, its inputs' for an op's
+        /// result. Panics if the array is closed.
         pub fn device,
         /// The device the array lives on, or `Closed`.
         pub fn try_device(self) -> Device {
-            engine::manager_device(engine::manager_of(self.id)?)
+            engine::device_of(self.id)
         }
     }
 
@@ -144,13 +147,7 @@ impl NDArray {
         /// `Unsupported` (a GPU in this build), `OutOfMemory`.
         pub fn try_to_device(self, device: Device) -> NDArray {
             crate::device::check(device)?;
-            match device {
-                Device::Cpu => shape_ops::to_cpu(self, Location::caller()),
-                Device::Gpu(_) => Err(NdError::Unsupported {
-                    op: "to_device",
-                    device,
-                }),
-            }
+            device::to_device(self, device, Location::caller())
         }
     }
 

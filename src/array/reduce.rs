@@ -144,7 +144,7 @@ fn reduction(
     at: SourceLocation,
 ) -> Result<NDArray> {
     let name = op.name();
-    let id = engine::run_op(name, &[x.id], at, |o| {
+    let id = engine::run_op_on(name, &[x.id], at, |o| {
         let a = &o[0];
         let axes = normalize_axes(name, a, axes)?;
         let shape = reduced_shape(a.shape(), &axes, keep_dims);
@@ -161,6 +161,24 @@ fn reduction(
                 ));
             }
             _ => {}
+        }
+        #[cfg(feature = "gpu")]
+        if let Some(ga) = a.gpu() {
+            use crate::backend::wgpu::kernels::{Reduce, reduce};
+            let kind = match op {
+                Red::Sum => Reduce::Sum,
+                Red::Mean => Reduce::Mean,
+                Red::Max => Reduce::Max,
+                Red::Min => Reduce::Min,
+                Red::Prod => {
+                    return Err(NdError::Unsupported {
+                        op: name,
+                        device: a.device(),
+                    });
+                }
+            };
+            let buf = reduce(name, kind, ga, &axes)?;
+            return Ok(crate::array::device::gpu_out(buf, shape, dtype));
         }
         let (buf, dtype) = match op {
             Red::Sum => dispatch!(dtype, T => {

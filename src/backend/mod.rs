@@ -20,6 +20,9 @@
 //! dispatches on the device of the inputs' buffers, and each backend brings its own
 //! memory and kernels.
 //!
-//! Today there is one backend, [`cpu`].
+//! Two backends: [`cpu`], always, and `wgpu` (feature `gpu`): GPU memory and WGSL
+//! kernels through wgpu (Vulkan, Metal, DX12).
 
 pub(crate) mod cpu;
+#[cfg(feature = "gpu")]
+pub(crate) mod wgpu;

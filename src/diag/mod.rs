@@ -83,9 +83,11 @@ pub fn memory() -> MemoryStats {
     }
 }
 
-/// The memory counters of one device: its live arrays, buffers and bytes, its peak, and
-/// the bytes its caching pool holds. `memory()` totals every device; in a build without
-/// a GPU backend every array is on the CPU, so a GPU (or a device not found) has zeros.
+/// The memory counters of one device: its live buffers and bytes, its peak, and the
+/// bytes its caching pool holds. `memory()` totals every device's live arrays, buffers
+/// and bytes; in a build without a GPU backend every array is on the CPU, so a GPU (or
+/// a device not found) has zeros. Arrays are counted per process, not per device:
+/// `live_arrays` of a GPU is 0 and the CPU's counts every device's arrays.
 ///
 /// ```
 /// use ndscope::{Device, memory, memory_on};
@@ -93,8 +95,32 @@ pub fn memory() -> MemoryStats {
 /// assert_eq!(memory_on(Device::Gpu(99)).live_arrays, 0);
 /// ```
 pub fn memory_on(device: Device) -> MemoryStats {
+    #[cfg(feature = "gpu")]
+    let gpu_totals = crate::backend::wgpu::totals;
+    #[cfg(not(feature = "gpu"))]
+    let gpu_totals = MemoryStats::default;
     match device {
-        Device::Cpu => memory(),
+        Device::Cpu => {
+            let all = memory();
+            let gpus = gpu_totals();
+            MemoryStats {
+                live_buffers: all.live_buffers - gpus.live_buffers,
+                live_bytes: all.live_bytes - gpus.live_bytes,
+                ..all
+            }
+        }
+        #[cfg(feature = "gpu")]
+        Device::Gpu(n) => {
+            let s = crate::backend::wgpu::stats(n);
+            MemoryStats {
+                live_buffers: s.live_buffers,
+                live_bytes: s.live_bytes,
+                peak_bytes: s.peak_bytes,
+                cached_bytes: s.cached_bytes,
+                ..MemoryStats::default()
+            }
+        }
+        #[cfg(not(feature = "gpu"))]
         Device::Gpu(_) => MemoryStats::default(),
     }
 }
@@ -104,13 +130,19 @@ pub fn memory_on(device: Device) -> MemoryStats {
 /// [`empty_cache`] runs. `None` where no driver reports (the CPU, or no such GPU).
 pub fn driver_memory(device: Device) -> Option<usize> {
     match device {
-        Device::Cpu | Device::Gpu(_) => None,
+        Device::Cpu => None,
+        #[cfg(feature = "gpu")]
+        Device::Gpu(n) => crate::backend::wgpu::driver_bytes(n),
+        #[cfg(not(feature = "gpu"))]
+        Device::Gpu(_) => None,
     }
 }
 
 /// Reset every peak to the current live bytes.
 pub fn reset_peak() {
     engine::reset_peak();
+    #[cfg(feature = "gpu")]
+    crate::backend::wgpu::reset_peak();
 }
 
 /// Statistics of the caching allocator that recycles array buffers.
@@ -160,6 +192,8 @@ pub fn cache_stats() -> CacheStats {
 /// their small per-thread caches (under 1 MiB each) until they exit.
 pub fn empty_cache() {
     cpu::pool::empty();
+    #[cfg(feature = "gpu")]
+    crate::backend::wgpu::empty_cache();
 }
 
 /// Cap the bytes the shared pool keeps for reuse (default 1 GiB); blocks freed beyond

@@ -78,6 +78,18 @@ impl<'a> Operand<'a> {
         self.buf.device()
     }
 
+    /// The operand's GPU buffer and layout, if its data lives on a GPU.
+    #[cfg(feature = "gpu")]
+    pub(crate) fn gpu(&self) -> Option<crate::backend::wgpu::kernels::View<'_>> {
+        self.buf
+            .gpu()
+            .map(|buf| crate::backend::wgpu::kernels::View {
+                buf,
+                layout: self.layout,
+                dtype: self.dtype,
+            })
+    }
+
     pub(crate) fn buffer_addr(&self) -> usize {
         self.buf.addr()
     }
@@ -166,6 +178,17 @@ pub(crate) fn on_host(name: &'static str, ops: &[Operand<'_>]) -> Result<()> {
     }
 }
 
+/// Check that `ops` live on one device (else `DeviceMismatch`); true when it is not
+/// the CPU.
+#[inline]
+fn on_one_device(name: &'static str, ops: &[Operand<'_>]) -> Result<bool> {
+    let device = ops[0].device();
+    if ops.iter().any(|o| o.device() != device) {
+        return Err(device_error(name, ops));
+    }
+    Ok(device != Device::Cpu)
+}
+
 #[cold]
 #[inline(never)]
 fn device_error(name: &'static str, ops: &[Operand<'_>]) -> NdError {
@@ -204,6 +227,13 @@ pub(crate) enum Output {
     },
     /// A view of input `of` with another layout.
     View { of: usize, layout: Layout },
+    /// A new contiguous array whose data lives on any device (a device kernel's result).
+    #[cfg(feature = "gpu")]
+    Stored {
+        buf: Storage,
+        shape: Shape,
+        dtype: DType,
+    },
 }
 
 /// Resolved inputs.
@@ -263,15 +293,27 @@ pub(crate) fn run_op(
     at: SourceLocation,
     f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,
 ) -> Result<ArrayId> {
+    run_logged(name, inputs, at, false, f)
+}
+
+/// [`run_op_inner`], recorded in an open `profile` window.
+#[inline]
+fn run_logged(
+    name: &'static str,
+    inputs: &[ArrayId],
+    at: SourceLocation,
+    any_device: bool,
+    f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,
+) -> Result<ArrayId> {
     if !oplog::active() {
-        return run_op_inner(name, inputs, at, f);
+        return run_op_inner(name, inputs, at, any_device, f);
     }
     let input_shapes = inputs
         .iter()
         .map(|&id| super::shape(id))
         .collect::<Result<Vec<_>>>()?;
     let t0 = std::time::Instant::now();
-    let id = run_op_inner(name, inputs, at, f)?;
+    let id = run_op_inner(name, inputs, at, any_device, f)?;
     let duration = t0.elapsed();
     let ctx = Ctx::read_only(&[id.shard]);
     oplog::record(oplog::OpRecord {
@@ -284,10 +326,27 @@ pub(crate) fn run_op(
     Ok(id)
 }
 
+/// Run op `name`, which has kernels on more than one device, over `inputs`: as
+/// [`run_op`], but `f` also sees operands on a GPU (all on one device) and branches on
+/// their device (`Operand::device`). Inputs on different devices are a
+/// `DeviceMismatch`, nothing allocated. Device work is only queued, so it runs under
+/// the locks whatever its size.
+#[inline]
+pub(crate) fn run_op_on(
+    name: &'static str,
+    inputs: &[ArrayId],
+    at: SourceLocation,
+    f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,
+) -> Result<ArrayId> {
+    // Without a GPU backend every operand is on the host: the plain op path.
+    run_logged(name, inputs, at, cfg!(feature = "gpu"), f)
+}
+
 fn run_op_inner(
     name: &'static str,
     inputs: &[ArrayId],
     at: SourceLocation,
+    any_device: bool,
     f: impl FnOnce(&[Operand<'_>]) -> Result<Output>,
 ) -> Result<ArrayId> {
     let me = my_shard();
@@ -300,9 +359,14 @@ fn run_op_inner(
     };
     let mut ops = Operands::new();
     ctx.resolve(inputs, &mut ops)?;
-    on_host(name, &ops)?;
+    let on_device = if any_device {
+        on_one_device(name, &ops)?
+    } else {
+        on_host(name, &ops)?;
+        false
+    };
     let work: usize = ops.iter().map(|o| o.layout.size()).sum();
-    if work >= OUTSIDE_LOCK_WORK {
+    if work >= OUTSIDE_LOCK_WORK && !on_device {
         drop(ops);
         drop(ctx);
         return run_op_unlocked(me, inputs, at, f); // devices checked above: data never moves
@@ -522,6 +586,15 @@ fn register_output(
             dtype,
             at,
         ),
+        #[cfg(feature = "gpu")]
+        Output::Stored { buf, shape, dtype } => ctx.insert_array(
+            me,
+            mgr,
+            Data::New(buf),
+            Layout::contiguous(shape),
+            dtype,
+            at,
+        ),
         Output::View { of, layout } => {
             let src = inputs[of];
             // A view shares its input's buffer record: an input that owns its buffer
@@ -576,6 +649,25 @@ pub(crate) fn create(
     dtype: DType,
     at: SourceLocation,
 ) -> Result<ArrayId> {
+    #[cfg(feature = "gpu")]
+    if let Device::Gpu(n) = super::manager_device(mgr)? {
+        // A manager on a GPU creates there: the values made on the host go up once.
+        let ctx = crate::backend::wgpu::ctx(n)?;
+        // SAFETY: the buffer was just made and is not shared.
+        let bytes = unsafe { buf.slice::<u8>() };
+        let n_bytes = shape.size() * dtype.size_in_bytes();
+        let dev = crate::backend::wgpu::upload(ctx, &bytes[..n_bytes], dtype)?;
+        let me = my_shard();
+        let mut ctx = Ctx::one(me);
+        return ctx.insert_array(
+            me,
+            mgr,
+            Data::New(dev.into()),
+            Layout::contiguous(shape),
+            dtype,
+            at,
+        );
+    }
     let me = my_shard();
     let mut ctx = Ctx::one(me);
     ctx.insert_array(
@@ -645,6 +737,16 @@ pub(crate) fn run_inplace(
     for &id in inputs {
         ops.push(ctx.operand(id)?);
     }
+    // In-place kernels are the CPU's: a target or an input elsewhere is refused.
+    if let Some(device) = std::iter::once(tbuf.device())
+        .chain(ops.iter().map(Operand::device))
+        .find(|&d| d != Device::Cpu)
+    {
+        return Err(NdError::Unsupported {
+            op: "in-place update",
+            device,
+        });
+    }
     let aliases = |o: &Operand<'_>| o.buf.addr() == tbuf.addr() && o.buf.bytes() != 0;
     if ops.iter().any(aliases) {
         copies = ops
@@ -673,10 +775,27 @@ pub(crate) fn run_inplace(
 }
 
 /// Read an array under the locks of its shard and its buffer's.
+/// The device array `id`'s data lives on.
+pub(crate) fn device_of(id: ArrayId) -> Result<Device> {
+    let ctx = Ctx::read_only(&[id.shard]);
+    Ok(ctx.operand(id)?.device())
+}
+
 pub(crate) fn read<R>(id: ArrayId, f: impl FnOnce(&Operand<'_>) -> R) -> Result<R> {
     let ctx = Ctx::read_only(&[id.shard]);
     let _locked = NoFork::new();
     let o = ctx.operand(id)?;
+    #[cfg(feature = "gpu")]
+    if let Some(g) = o.gpu() {
+        // A read of device data waits for the queued work and copies the buffer back.
+        let n = g.buf.bytes() / crate::backend::wgpu::elem_bytes(o.dtype).unwrap_or(4);
+        let host = crate::backend::wgpu::download(g.buf, n, o.dtype)?;
+        let copy = Storage::from(cpu::new_overwritten::<u8>(host.len(), |d| {
+            d.copy_from_slice(&host)
+        })?);
+        let o = Operand { buf: &copy, ..o };
+        return Ok(f(&o));
+    }
     Ok(f(&o))
 }
 

@@ -8,12 +8,15 @@
 //! (`writers`), and outside reads that would start meanwhile wait for it. So the
 //! counters live here, beside the block, and a backend's buffer is plain memory.
 //!
-//! [`Mem`] names the device the block lives on. Today every block is host memory (the
-//! CPU backend's [`Buffer`]); a device backend adds its variant, and the op path
-//! dispatches on it (an op hands a CPU kernel only host operands).
+//! [`Mem`] names the device the block lives on: host memory (the CPU backend's
+//! [`Buffer`]) or, with the `gpu` feature, a GPU buffer of the wgpu backend. The op
+//! path dispatches on it: an op hands a CPU kernel only host operands (`exec::on_host`),
+//! and a device-aware op branches on its operands' device.
 
 use super::Buffer;
 use crate::Device;
+#[cfg(feature = "gpu")]
+use crate::backend::wgpu::GpuBuffer;
 use crate::dtype::Native;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -21,6 +24,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub(crate) enum Mem {
     /// Host memory from the CPU backend's pool.
     Host(Buffer),
+    /// Device memory from a GPU's pool.
+    #[cfg(feature = "gpu")]
+    Gpu(GpuBuffer),
 }
 
 /// An array's data block and the engine's read/write bookkeeping for it.
@@ -44,7 +50,28 @@ impl From<Buffer> for Storage {
     }
 }
 
+#[cfg(feature = "gpu")]
+impl From<GpuBuffer> for Storage {
+    fn from(buf: GpuBuffer) -> Storage {
+        Storage {
+            mem: Mem::Gpu(buf),
+            outside_readers: AtomicUsize::new(0),
+            writers: AtomicUsize::new(0),
+        }
+    }
+}
+
 impl Storage {
+    /// The GPU buffer, if the block lives on a GPU.
+    #[cfg(feature = "gpu")]
+    #[inline]
+    pub(crate) fn gpu(&self) -> Option<&GpuBuffer> {
+        match &self.mem {
+            Mem::Gpu(b) => Some(b),
+            Mem::Host(_) => None,
+        }
+    }
+
     /// Storage of no bytes (on the host).
     pub(crate) fn empty() -> Storage {
         Storage::from(Buffer::empty())
@@ -55,6 +82,8 @@ impl Storage {
     pub(crate) fn device(&self) -> Device {
         match &self.mem {
             Mem::Host(_) => Device::Cpu,
+            #[cfg(feature = "gpu")]
+            Mem::Gpu(b) => b.device(),
         }
     }
 
@@ -64,6 +93,10 @@ impl Storage {
     fn host(&self) -> &Buffer {
         match &self.mem {
             Mem::Host(b) => b,
+            #[cfg(feature = "gpu")]
+            Mem::Gpu(_) => {
+                unreachable!("a CPU kernel was handed GPU memory: ops check devices first")
+            }
         }
     }
 
@@ -72,6 +105,8 @@ impl Storage {
     pub(crate) fn bytes(&self) -> usize {
         match &self.mem {
             Mem::Host(b) => b.bytes(),
+            #[cfg(feature = "gpu")]
+            Mem::Gpu(b) => b.bytes(),
         }
     }
 
@@ -80,6 +115,8 @@ impl Storage {
     pub(crate) fn addr(&self) -> usize {
         match &self.mem {
             Mem::Host(b) => b.addr(),
+            #[cfg(feature = "gpu")]
+            Mem::Gpu(b) => b.addr(),
         }
     }
 

@@ -1,9 +1,10 @@
 //! The public elementwise methods: each panicking method and its `try_` form come
 //! from one definition ([`twins!`]) over the ops in the parent module.
 
-use super::{CmpOp, Rhs, binary, binary_inplace, comparison, unary};
+use super::{Rhs, binary, binary_inplace, comparison, unary};
 use crate::NDArray;
 use crate::error::{Result, twins};
+use crate::opkind::CmpOp;
 use crate::opkind::{BinOp, UnOp};
 use std::panic::Location;
 

@@ -4,6 +4,8 @@
 //! [`UnaryRule`]). The public methods ([`methods`]) come from these definitions.
 
 use super::NDArray;
+#[cfg(feature = "gpu")]
+use crate::array::device::gpu_out;
 use crate::array::grad::{masked, zero_like};
 use crate::autograd::nones;
 use crate::autograd::{
@@ -13,7 +15,7 @@ use crate::backend::cpu;
 use crate::dtype::{Float, Native, Scalar, ScalarValue, dispatch, dispatch_float};
 use crate::engine::{self, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation};
-use crate::opkind::{BinOp, UnOp};
+use crate::opkind::{BinOp, CmpOp, UnOp};
 use crate::{DType, Shape};
 
 mod methods;
@@ -40,29 +42,6 @@ impl From<NDArray> for Rhs {
 impl<S: Scalar> From<S> for Rhs {
     fn from(s: S) -> Self {
         Rhs::Scalar(s.value())
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum CmpOp {
-    Eq,
-    Ne,
-    Gt,
-    Ge,
-    Lt,
-    Le,
-}
-
-impl CmpOp {
-    fn name(self) -> &'static str {
-        match self {
-            CmpOp::Eq => "eq",
-            CmpOp::Ne => "ne",
-            CmpOp::Gt => "gt",
-            CmpOp::Ge => "ge",
-            CmpOp::Lt => "lt",
-            CmpOp::Le => "le",
-        }
     }
 }
 
@@ -197,11 +176,16 @@ pub(crate) fn binary(
 ) -> Result<NDArray> {
     let name = op.name();
     let id = match rhs {
-        Rhs::Array(y) => engine::run_op(name, &[x.id, y.id], at, |o| {
+        Rhs::Array(y) => engine::run_op_on(name, &[x.id, y.id], at, |o| {
             let (a, b) = (&o[0], &o[1]);
             same_dtype(name, a, b)?;
             numeric(name, a)?;
             let shape = broadcast_shape(name, a, b)?;
+            #[cfg(feature = "gpu")]
+            if let (Some(ga), Some(gb)) = (a.gpu(), b.gpu()) {
+                let buf = crate::backend::wgpu::kernels::binary(op, ga, gb, &shape)?;
+                return Ok(gpu_out(buf, shape, a.dtype));
+            }
             let buf = dispatch!(a.dtype, T => per_binop!(op, O =>
                 cpu::map_binary::<T, T>(a, b, &shape, |p, q| arith(O, p, q))))?;
             Ok(Output::New {
@@ -210,9 +194,15 @@ pub(crate) fn binary(
                 dtype: a.dtype,
             })
         })?,
-        Rhs::Scalar(s) => engine::run_op(name, &[x.id], at, |o| {
+        Rhs::Scalar(s) => engine::run_op_on(name, &[x.id], at, |o| {
             let a = &o[0];
             numeric(name, a)?;
+            #[cfg(feature = "gpu")]
+            if let Some(ga) = a.gpu() {
+                let s = autograd::scalar_f64(s);
+                let buf = crate::backend::wgpu::kernels::binary_scalar(op, ga, s, scalar_left)?;
+                return Ok(gpu_out(buf, a.shape().clone(), a.dtype));
+            }
             let buf = dispatch!(a.dtype, T => {
                 let s: T = s.cast();
                 per_binop!(op, O => if scalar_left {
@@ -243,10 +233,15 @@ pub(crate) fn binary(
 pub(crate) fn comparison(x: NDArray, op: CmpOp, rhs: Rhs, at: SourceLocation) -> Result<NDArray> {
     let name = op.name();
     let id = match rhs {
-        Rhs::Array(y) => engine::run_op(name, &[x.id, y.id], at, |o| {
+        Rhs::Array(y) => engine::run_op_on(name, &[x.id, y.id], at, |o| {
             let (a, b) = (&o[0], &o[1]);
             same_dtype(name, a, b)?;
             let shape = broadcast_shape(name, a, b)?;
+            #[cfg(feature = "gpu")]
+            if let (Some(ga), Some(gb)) = (a.gpu(), b.gpu()) {
+                let buf = crate::backend::wgpu::kernels::compare(op, ga, gb, &shape)?;
+                return Ok(gpu_out(buf, shape, DType::Bool));
+            }
             let buf = dispatch!(a.dtype, T => per_cmpop!(op, O =>
                 cpu::map_binary::<T, u8>(a, b, &shape, |p, q| compare(O, p, q))))?;
             Ok(Output::New {
@@ -310,9 +305,14 @@ fn num_un<T: Native>(op: UnOp, x: T) -> T {
 /// Elementwise unary math.
 pub(crate) fn unary(x: NDArray, op: UnOp, at: SourceLocation) -> Result<NDArray> {
     let name = op.name();
-    let id = engine::run_op(name, &[x.id], at, |o| {
+    let id = engine::run_op_on(name, &[x.id], at, |o| {
         let a = &o[0];
         numeric(name, a)?;
+        #[cfg(feature = "gpu")]
+        if let Some(ga) = a.gpu() {
+            let buf = crate::backend::wgpu::kernels::unary(op, ga)?;
+            return Ok(gpu_out(buf, a.shape().clone(), a.dtype));
+        }
         let buf = match op {
             UnOp::Abs | UnOp::Neg | UnOp::Square | UnOp::Relu => dispatch!(a.dtype, T => match op {
                 UnOp::Abs => cpu::map_unary::<T, T>(a, |p| num_un(UnOp::Abs, p)),

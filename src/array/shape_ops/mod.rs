@@ -37,6 +37,11 @@ fn reshape_output(o: &Operand<'_>, shape: Shape) -> Result<Output> {
             },
         });
     }
+    #[cfg(feature = "gpu")]
+    if let Some(g) = o.gpu() {
+        let buf = crate::backend::wgpu::kernels::convert("reshape", g, o.dtype)?;
+        return Ok(crate::array::device::gpu_out(buf, shape, o.dtype));
+    }
     let (buf, _) = engine::materialize(o)?;
     Ok(Output::New {
         buf,
@@ -46,7 +51,7 @@ fn reshape_output(o: &Operand<'_>, shape: Shape) -> Result<Output> {
 }
 
 fn reshape(x: NDArray, shape: Shape, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op("reshape", &[x.id], at, |o| {
+    let id = engine::run_op_on("reshape", &[x.id], at, |o| {
         let o = &o[0];
         let Some(n) = shape.checked_size() else {
             return Err(NdError::shape(
@@ -115,7 +120,7 @@ fn permuted(l: &Layout, perm: &[usize]) -> Layout {
 }
 
 fn permute(x: NDArray, axes: Option<&[usize]>, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op("permute", &[x.id], at, |o| {
+    let id = engine::run_op_on("permute", &[x.id], at, |o| {
         let o = &o[0];
         let nd = o.layout.shape.ndim();
         let perm: Dims = match axes {
@@ -157,7 +162,7 @@ fn permute(x: NDArray, axes: Option<&[usize]>, at: SourceLocation) -> Result<NDA
 }
 
 fn expand_dims(x: NDArray, axis: isize, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op("expand_dims", &[x.id], at, |o| {
+    let id = engine::run_op_on("expand_dims", &[x.id], at, |o| {
         let o = &o[0];
         let l = o.layout;
         let nd = l.shape.ndim();
@@ -186,7 +191,7 @@ fn expand_dims(x: NDArray, axis: isize, at: SourceLocation) -> Result<NDArray> {
 }
 
 fn squeeze(x: NDArray, axis: Option<isize>, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op("squeeze", &[x.id], at, |o| {
+    let id = engine::run_op_on("squeeze", &[x.id], at, |o| {
         let o = &o[0];
         let l = o.layout;
         let keep: Dims = match axis {
@@ -617,7 +622,7 @@ impl NDArray {
 }
 
 /// Convert between dtypes (through f64 for floats, i64 for integers).
-fn cast(o: &Operand<'_>, to: DType) -> Result<cpu::Buffer> {
+pub(crate) fn cast(o: &Operand<'_>, to: DType) -> Result<cpu::Buffer> {
     let to_bool = to == DType::Bool;
     dispatch!(o.dtype, S => dispatch!(to, D => {
         if to_bool {

@@ -162,3 +162,11 @@ pub(crate) fn new_overwritten<T: Native>(
     fill(unsafe { buf.slice_mut::<T>() });
     Ok(buf)
 }
+
+#[cfg(feature = "gpu")]
+/// The first `len` bytes of `buf` (which the caller owns, so no one writes it).
+pub(crate) fn into_bytes(buf: Buffer, len: usize) -> Vec<u8> {
+    // SAFETY: `buf` is owned here, so no other slice of it exists and nothing writes it.
+    let bytes = unsafe { buf.slice::<u8>() };
+    bytes[..len].to_vec()
+}

@@ -1,0 +1,106 @@
+//! Moving arrays between devices (`to_device`), and the GPU forward of the ops that
+//! have one: the op files call [`gpu_out`] on their operands' device buffers.
+//!
+//! A copy between devices is explicit, one per call, and owned like any op's result
+//! (rule 1). Its gradient is the output gradient moved back to the input's device.
+
+use super::NDArray;
+use super::shape_ops;
+use crate::Device;
+use crate::autograd::{self, Backward, BackwardCtx, Grads};
+use crate::engine::{self, Operand, Output};
+use crate::error::{NdError, Result, SourceLocation};
+#[cfg(feature = "gpu")]
+use crate::{DType, Shape};
+
+/// A copy of `x` on `device` (checked to exist).
+pub(crate) fn to_device(x: NDArray, device: Device, at: SourceLocation) -> Result<NDArray> {
+    let from = x.try_device()?;
+    if from == Device::Cpu && device == Device::Cpu {
+        return shape_ops::to_cpu(x, at);
+    }
+    let id = engine::run_op_on("to_device", &[x.id], at, |o| copy(&o[0], device))?;
+    autograd::record(&[x.id], id, || ToDeviceRule(from));
+    Ok(NDArray { id })
+}
+
+/// `o`'s elements, contiguous, on `device`.
+#[cfg(feature = "gpu")]
+fn copy(o: &Operand<'_>, device: Device) -> Result<Output> {
+    use crate::backend::{cpu, wgpu};
+    let (shape, dtype) = (o.shape().clone(), o.dtype);
+    // The elements as contiguous host bytes, from either side.
+    let host = |o: &Operand<'_>| -> Result<Vec<u8>> {
+        match o.gpu() {
+            None => {
+                let b = shape_ops::cast(o, dtype)?; // a fresh contiguous copy
+                Ok(cpu::buffer::into_bytes(
+                    b,
+                    shape.size() * dtype.size_in_bytes(),
+                ))
+            }
+            Some(g) => {
+                let c = wgpu::kernels::convert("to_device", g, dtype)?;
+                wgpu::download(&c, shape.size(), dtype)
+            }
+        }
+    };
+    match device {
+        Device::Cpu => {
+            let bytes = host(o)?;
+            let buf = cpu::new_overwritten::<u8>(bytes.len(), |d| d.copy_from_slice(&bytes))?;
+            Ok(Output::New { buf, shape, dtype })
+        }
+        Device::Gpu(n) => {
+            let ctx = wgpu::ctx(n)?;
+            if wgpu::elem_bytes(dtype).is_none() {
+                return Err(NdError::Unsupported {
+                    op: "to_device",
+                    device,
+                });
+            }
+            let buf = match o.gpu() {
+                Some(g) if o.device() == device => wgpu::kernels::convert("to_device", g, dtype)?,
+                _ => wgpu::upload(ctx, &host(o)?, dtype)?,
+            };
+            Ok(Output::Stored {
+                buf: buf.into(),
+                shape,
+                dtype,
+            })
+        }
+    }
+}
+
+#[cfg(not(feature = "gpu"))]
+fn copy(_: &Operand<'_>, device: Device) -> Result<Output> {
+    Err(NdError::Unsupported {
+        op: "to_device",
+        device,
+    })
+}
+
+/// `to_device`'s gradient: the output gradient, moved back to the input's device.
+struct ToDeviceRule(Device);
+
+impl Backward for ToDeviceRule {
+    fn name(&self) -> &'static str {
+        "to_device"
+    }
+    fn saves(&self, _: usize) -> (u8, bool) {
+        (0, false)
+    }
+    fn backward(&self, _: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
+        Ok([Some(g.try_to_device(self.0)?)].into_iter().collect())
+    }
+}
+
+/// A new array's output from a device kernel's result.
+#[cfg(feature = "gpu")]
+pub(crate) fn gpu_out(buf: crate::backend::wgpu::GpuBuffer, shape: Shape, dtype: DType) -> Output {
+    Output::Stored {
+        buf: buf.into(),
+        shape,
+        dtype,
+    }
+}

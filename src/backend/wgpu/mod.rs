@@ -1,0 +1,523 @@
+//! The wgpu backend (feature `gpu`): device memory from a caching pool, and WGSL
+//! kernels that read strided views directly.
+//!
+//! # Design
+//!
+//! * **Adapters** are enumerated once per process ([`adapters`]), in a stable order:
+//!   `Device::Gpu(n)` is the n-th. A device and its queue are opened on first use
+//!   ([`ctx`]). Without a driver the list is empty and nothing panics.
+//! * **Memory** ([`GpuBuffer`]) comes from a per-device caching pool of power-of-two
+//!   size classes (as the CPU pool and PyTorch's CUDA caching allocator): a dropped
+//!   buffer goes back to the pool at once. Reuse needs no fence: every command of a
+//!   device is recorded into one encoder and submitted, in order, on its one queue,
+//!   and wgpu orders the accesses of successive dispatches to the same buffer; host
+//!   writes (`Queue::write_buffer`, which runs at the start of the *next* submission)
+//!   first submit what is queued, so they never overtake a queued read of a reused
+//!   buffer. [`empty_cache`] returns the cached buffers to the driver.
+//! * **Work is queued**: kernels record into the device's pending encoder, submitted
+//!   on a read ([`download`]), before a host write, and past [`MAX_PENDING`] commands.
+//! * **Dtypes**: F32 and I32 as themselves; U8 and Bool as one `u32` per element
+//!   (WGSL has no 8-bit storage type), so they take 4 bytes an element on the device;
+//!   I64 and F64 are refused (`UnsupportedDType`) until a kernel set needs them.
+//! * **Kernels** ([`kernels`]) take their inputs as (buffer, layout) pairs: broadcast
+//!   (stride 0), stepped, reversed and transposed views are read in place, through a
+//!   small parameter block of offsets, shape and strides. Pipelines are cached.
+//!
+//! This module knows nothing of records, managers or scopes: the engine calls it.
+
+pub(crate) mod kernels;
+
+use crate::DType;
+use crate::device::Device;
+use crate::error::{NdError, Result};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+/// Commands queued on a device before they are submitted without waiting for a read.
+pub(crate) const MAX_PENDING: usize = 64;
+
+/// What [`adapters`] lists of one GPU.
+pub(crate) struct AdapterInfo {
+    /// The adapter's name ("llvmpipe (LLVM 15.0.6, 256 bits)", "NVIDIA H200", ...).
+    pub name: String,
+    /// Its API: "vulkan", "metal", "dx12" or "gl".
+    pub backend: &'static str,
+}
+
+struct Gpus {
+    adapters: Vec<wgpu::Adapter>,
+    infos: Vec<AdapterInfo>,
+    ctxs: Vec<OnceLock<std::result::Result<Ctx, String>>>,
+}
+
+fn gpus() -> &'static Gpus {
+    static GPUS: OnceLock<Gpus> = OnceLock::new();
+    GPUS.get_or_init(|| {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        // Stable order: discrete GPUs first, then the rest, each by name.
+        adapters.sort_by_key(|a| {
+            let i = a.get_info();
+            (i.device_type != wgpu::DeviceType::DiscreteGpu, i.name)
+        });
+        let infos = adapters
+            .iter()
+            .map(|a| {
+                let i = a.get_info();
+                AdapterInfo {
+                    name: i.name,
+                    backend: match i.backend {
+                        wgpu::Backend::Vulkan => "vulkan",
+                        wgpu::Backend::Metal => "metal",
+                        wgpu::Backend::Dx12 => "dx12",
+                        wgpu::Backend::Gl => "gl",
+                        _ => "other",
+                    },
+                }
+            })
+            .collect();
+        let ctxs = adapters.iter().map(|_| OnceLock::new()).collect();
+        Gpus {
+            adapters,
+            infos,
+            ctxs,
+        }
+    })
+}
+
+/// The GPUs of this process, in `Device::Gpu(n)` order.
+pub(crate) fn adapters() -> &'static [AdapterInfo] {
+    &gpus().infos
+}
+
+/// An open device: its queue, pending commands, pipelines and memory pool.
+pub(crate) struct Ctx {
+    pub(crate) index: usize,
+    pub(crate) device: wgpu::Device,
+    queue: wgpu::Queue,
+    /// The largest buffer a kernel may bind.
+    pub(crate) max_binding: u64,
+    pending: Mutex<Pending>,
+    pipelines: Mutex<HashMap<String, &'static wgpu::ComputePipeline>>,
+    pool: Mutex<Pool>,
+}
+
+#[derive(Default)]
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    commands: usize,
+}
+
+/// Cached and live device buffers of one device.
+#[derive(Default)]
+struct Pool {
+    free: HashMap<u64, Vec<wgpu::Buffer>>,
+    cached_bytes: u64,
+    live_buffers: usize,
+    live_bytes: u64,
+    peak_bytes: u64,
+}
+
+/// The memory counters of one device's pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PoolStats {
+    pub live_buffers: usize,
+    /// Bytes of live buffers as asked for (what the arrays account; the pool's size
+    /// classes round each up to a power of two).
+    pub live_bytes: usize,
+    pub peak_bytes: usize,
+    pub cached_bytes: usize,
+}
+
+/// The open device `Device::Gpu(index)`, opening it on first use.
+pub(crate) fn ctx(index: usize) -> Result<&'static Ctx> {
+    let g = gpus();
+    let Some(cell) = g.ctxs.get(index) else {
+        return Err(NdError::NoDevice {
+            device: Device::Gpu(index),
+            gpus: g.infos.len(),
+        });
+    };
+    cell.get_or_init(|| open(index, &g.adapters[index]))
+        .as_ref()
+        .map_err(|e| NdError::invalid("new_on", format!("gpu:{index} could not be opened: {e}")))
+}
+
+fn open(index: usize, adapter: &wgpu::Adapter) -> std::result::Result<Ctx, String> {
+    let limits = adapter.limits();
+    let desc = wgpu::DeviceDescriptor {
+        label: Some("ndscope"),
+        required_features: wgpu::Features::empty(),
+        required_limits: limits.clone(),
+        experimental_features: wgpu::ExperimentalFeatures::disabled(),
+        memory_hints: wgpu::MemoryHints::Performance,
+        trace: wgpu::Trace::Off,
+    };
+    let (device, queue) =
+        pollster::block_on(adapter.request_device(&desc)).map_err(|e| e.to_string())?;
+    Ok(Ctx {
+        index,
+        device,
+        queue,
+        max_binding: limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size),
+        pending: Mutex::default(),
+        pipelines: Mutex::default(),
+        pool: Mutex::default(),
+    })
+}
+
+/// The pool's size class of `bytes` (at least 4: wgpu copies whole words).
+fn class_of(bytes: u64) -> u64 {
+    bytes.max(4).next_power_of_two()
+}
+
+impl Ctx {
+    /// The device this context serves.
+    pub(crate) fn device_id(&self) -> Device {
+        Device::Gpu(self.index)
+    }
+
+    /// A buffer of at least `bytes` bytes (contents undefined), from the pool when one
+    /// of its size class is cached.
+    pub(crate) fn alloc(&'static self, bytes: u64) -> Result<GpuBuffer> {
+        if bytes > self.max_binding {
+            return Err(NdError::invalid(
+                "alloc",
+                format!(
+                    "{bytes} bytes on {} exceed the largest buffer a kernel can bind ({} bytes)",
+                    self.device_id(),
+                    self.max_binding
+                ),
+            ));
+        }
+        let class = class_of(bytes);
+        let cached = {
+            let mut p = self.pool.lock();
+            let b = p.free.get_mut(&class).and_then(Vec::pop);
+            if b.is_some() {
+                p.cached_bytes -= class;
+            }
+            b
+        };
+        let buf = match cached {
+            Some(b) => b,
+            None => self.create(class)?,
+        };
+        let mut p = self.pool.lock();
+        p.live_buffers += 1;
+        p.live_bytes += bytes;
+        p.peak_bytes = p.peak_bytes.max(p.live_bytes);
+        Ok(GpuBuffer {
+            ctx: self,
+            buf: Some(buf),
+            bytes: bytes as usize,
+        })
+    }
+
+    /// A new driver buffer of `class` bytes; on failure the cache is emptied and the
+    /// allocation tried once more.
+    fn create(&self, class: u64) -> Result<wgpu::Buffer> {
+        let make = || {
+            let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+            let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: class,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            match pollster::block_on(scope.pop()) {
+                None => Some(b),
+                Some(_) => None,
+            }
+        };
+        if let Some(b) = make() {
+            return Ok(b);
+        }
+        self.empty_cache();
+        make().ok_or(NdError::OutOfMemory {
+            bytes: class as usize,
+        })
+    }
+
+    fn give_back(&self, buf: wgpu::Buffer, bytes: usize) {
+        let class = buf.size();
+        let mut p = self.pool.lock();
+        p.live_buffers -= 1;
+        p.live_bytes -= bytes as u64;
+        p.cached_bytes += class;
+        p.free.entry(class).or_default().push(buf);
+    }
+
+    /// Return every cached buffer to the driver (after the queued work, which may
+    /// still use them, is done).
+    pub(crate) fn empty_cache(&self) {
+        let free = {
+            let mut p = self.pool.lock();
+            p.cached_bytes = 0;
+            std::mem::take(&mut p.free)
+        };
+        self.flush();
+        let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+        for b in free.into_values().flatten() {
+            b.destroy();
+        }
+        let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+    }
+
+    pub(crate) fn stats(&self) -> PoolStats {
+        let p = self.pool.lock();
+        PoolStats {
+            live_buffers: p.live_buffers,
+            live_bytes: p.live_bytes as usize,
+            peak_bytes: p.peak_bytes as usize,
+            cached_bytes: p.cached_bytes as usize,
+        }
+    }
+
+    pub(crate) fn reset_peak(&self) {
+        let mut p = self.pool.lock();
+        p.peak_bytes = p.live_bytes;
+    }
+
+    /// Bytes the driver's allocator reports as allocated, where it reports.
+    pub(crate) fn driver_bytes(&self) -> Option<usize> {
+        self.device
+            .generate_allocator_report()
+            .map(|r| r.total_allocated_bytes as usize)
+    }
+
+    /// Record into the pending encoder; submitted past [`MAX_PENDING`] commands.
+    pub(crate) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let mut p = self.pending.lock();
+        let enc = p.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        });
+        f(enc);
+        p.commands += 1;
+        if p.commands >= MAX_PENDING {
+            let enc = p.encoder.take().expect("recorded above");
+            p.commands = 0;
+            self.queue.submit([enc.finish()]);
+        }
+    }
+
+    /// Submit the queued commands.
+    pub(crate) fn flush(&self) {
+        let mut p = self.pending.lock();
+        if let Some(enc) = p.encoder.take() {
+            p.commands = 0;
+            self.queue.submit([enc.finish()]);
+        }
+    }
+
+    /// The cached pipeline of `key`, built from `source` (WGSL, entry point `main`)
+    /// on first use. Pipelines live as long as the process (a bounded set: one per
+    /// kernel and dtype).
+    pub(crate) fn pipeline(
+        &self,
+        key: &str,
+        source: impl FnOnce() -> String,
+    ) -> &'static wgpu::ComputePipeline {
+        if let Some(p) = self.pipelines.lock().get(key) {
+            return p;
+        }
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(key),
+                source: wgpu::ShaderSource::Wgsl(source().into()),
+            });
+        let p = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(key),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        let p: &'static wgpu::ComputePipeline = Box::leak(Box::new(p));
+        self.pipelines.lock().insert(key.to_string(), p);
+        p
+    }
+
+    /// A small read-only buffer holding `words` (kernel parameters); not pooled, so a
+    /// queued command keeps reading what it was given.
+    pub(crate) fn params(&self, words: &[u32]) -> wgpu::Buffer {
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: bytes.len().max(4) as u64,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: true,
+        });
+        b.slice(..)
+            .get_mapped_range_mut()
+            .expect("mapped at creation")
+            .copy_from_slice(&bytes);
+        b.unmap();
+        b
+    }
+}
+
+/// A block of device memory, returned to its device's pool when dropped.
+pub(crate) struct GpuBuffer {
+    ctx: &'static Ctx,
+    buf: Option<wgpu::Buffer>,
+    /// The bytes asked for (the buffer itself is of the pool's size class).
+    bytes: usize,
+}
+
+impl GpuBuffer {
+    pub(crate) fn device(&self) -> Device {
+        self.ctx.device_id()
+    }
+
+    pub(crate) fn ctx(&self) -> &'static Ctx {
+        self.ctx
+    }
+
+    /// Bytes asked for (what an array of this buffer accounts).
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Identity of the block while it lives (aliasing checks), like a host address.
+    pub(crate) fn addr(&self) -> usize {
+        self.raw() as *const wgpu::Buffer as usize
+    }
+
+    pub(crate) fn raw(&self) -> &wgpu::Buffer {
+        self.buf.as_ref().expect("live until dropped")
+    }
+}
+
+impl Drop for GpuBuffer {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            self.ctx.give_back(b, self.bytes);
+        }
+    }
+}
+
+/// Bytes per element of `dtype` on the device, or `UnsupportedDType`'s cause.
+pub(crate) fn elem_bytes(dtype: DType) -> Option<usize> {
+    match dtype {
+        DType::F32 | DType::I32 | DType::U8 | DType::Bool => Some(4),
+        DType::F64 | DType::I64 => None,
+    }
+}
+
+/// A new device buffer holding `n` elements of `dtype` from host bytes `data`
+/// (`n * dtype.size_in_bytes()` of them).
+pub(crate) fn upload(ctx: &'static Ctx, data: &[u8], dtype: DType) -> Result<GpuBuffer> {
+    let words: std::borrow::Cow<'_, [u8]> = match dtype {
+        DType::U8 | DType::Bool => data
+            .iter()
+            .flat_map(|&b| u32::from(b).to_le_bytes())
+            .collect(),
+        _ => data.into(),
+    };
+    let buf = ctx.alloc(words.len() as u64)?;
+    if !words.is_empty() {
+        // Queued reads of this (possibly reused) buffer go first: a host write runs at
+        // the start of the next submission.
+        ctx.flush();
+        ctx.queue.write_buffer(buf.raw(), 0, &words);
+    }
+    Ok(buf)
+}
+
+/// The first `n` elements of `dtype` of `buf`, as host bytes (`n *
+/// dtype.size_in_bytes()`): submits the queued work and waits for it.
+pub(crate) fn download(buf: &GpuBuffer, n: usize, dtype: DType) -> Result<Vec<u8>> {
+    let ctx = buf.ctx;
+    let bytes = (n * 4) as u64;
+    if bytes == 0 {
+        return Ok(Vec::new());
+    }
+    let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: bytes,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    ctx.record(|enc| enc.copy_buffer_to_buffer(buf.raw(), 0, &staging, 0, bytes));
+    ctx.flush();
+    let (tx, rx) = std::sync::mpsc::channel();
+    staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        let _ = tx.send(r);
+    });
+    ctx.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| NdError::invalid("read", format!("{}: {e}", ctx.device_id())))?;
+    rx.recv()
+        .expect("map_async calls back during poll")
+        .map_err(|e| NdError::invalid("read", format!("{}: {e}", ctx.device_id())))?;
+    let out = {
+        let view = staging.get_mapped_range(..).expect("mapped above");
+        match dtype {
+            DType::U8 | DType::Bool => view.chunks_exact(4).map(|w| w[0]).collect(),
+            _ => view.to_vec(),
+        }
+    };
+    staging.unmap();
+    Ok(out)
+}
+
+/// Return every device's cached buffers to its driver (devices not yet opened have
+/// none).
+pub(crate) fn empty_cache() {
+    for cell in &gpus().ctxs {
+        if let Some(Ok(c)) = cell.get() {
+            c.empty_cache();
+        }
+    }
+}
+
+/// The pool counters of every open GPU, added up.
+pub(crate) fn totals() -> PoolStats {
+    let mut t = PoolStats::default();
+    for cell in &gpus().ctxs {
+        if let Some(Ok(c)) = cell.get() {
+            let s = c.stats();
+            t.live_buffers += s.live_buffers;
+            t.live_bytes += s.live_bytes;
+            t.peak_bytes += s.peak_bytes;
+            t.cached_bytes += s.cached_bytes;
+        }
+    }
+    t
+}
+
+/// The pool counters of `Device::Gpu(index)`; zeros when it is not open (or absent).
+pub(crate) fn stats(index: usize) -> PoolStats {
+    match gpus().ctxs.get(index).and_then(OnceLock::get) {
+        Some(Ok(c)) => c.stats(),
+        _ => PoolStats::default(),
+    }
+}
+
+/// Reset the peak of every open device.
+pub(crate) fn reset_peak() {
+    for cell in &gpus().ctxs {
+        if let Some(Ok(c)) = cell.get() {
+            c.reset_peak();
+        }
+    }
+}
+
+/// What the driver of `Device::Gpu(index)` reports as allocated.
+pub(crate) fn driver_bytes(index: usize) -> Option<usize> {
+    match gpus().ctxs.get(index).and_then(OnceLock::get) {
+        Some(Ok(c)) => c.driver_bytes(),
+        _ => None,
+    }
+}

@@ -1,0 +1,314 @@
+//! GPU arrays (feature `gpu`): every GPU op against the CPU op on the same inputs
+//! (broadcasting, views with offsets, steps, flips and transposes, zero-size arrays),
+//! typed errors across devices, and device memory that scopes free on time.
+//!
+//! Needs an adapter: Mesa's software Vulkan driver ("llvmpipe") stands in where there
+//! is no GPU. Without one these tests print that they skip, unless
+//! `NDSCOPE_REQUIRE_GPU=1`, which makes them fail (CI sets it).
+#![cfg(feature = "gpu")]
+
+use ndscope::{
+    DType, Device, NDArray, NDManager, NDScope, NdError, devices, driver_memory, empty_cache,
+    memory_on,
+};
+use std::sync::Mutex;
+
+/// An op under test, applied to CPU and GPU inputs alike.
+type Op = fn(&[NDArray]) -> NDArray;
+
+/// GPU tests share one device's counters: they run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn gpu() -> Option<Device> {
+    let found = devices().into_iter().find(|d| d.device != Device::Cpu);
+    match found {
+        Some(d) => Some(d.device),
+        None if std::env::var("NDSCOPE_REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!(
+                "NDSCOPE_REQUIRE_GPU=1 but no GPU adapter was found (install mesa-vulkan-drivers)"
+            )
+        }
+        None => {
+            eprintln!("no GPU adapter: skipped");
+            None
+        }
+    }
+}
+
+fn vals(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed
+        .wrapping_mul(2862933555777941757)
+        .wrapping_add(3037000493);
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(2862933555777941757).wrapping_add(3037000493);
+            ((x >> 35) % 2001) as f32 / 250.0 - 4.0
+        })
+        .collect()
+}
+
+fn close(what: &str, got: &[f32], want: &[f32], rel: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= rel * (1.0 + w.abs());
+        assert!(ok, "{what}[{i}]: gpu {g}, cpu {w}");
+    }
+}
+
+/// `f` on the CPU arrays and on their GPU copies, compared.
+fn same(what: &str, d: Device, inputs: &[&NDArray], rel: f32, f: impl Fn(&[NDArray]) -> NDArray) {
+    let cpu: Vec<NDArray> = inputs.iter().map(|a| **a).collect();
+    let gpu: Vec<NDArray> = cpu.iter().map(|a| a.to_device(d)).collect();
+    let (want, got) = (f(&cpu), f(&gpu));
+    assert_eq!(got.device(), d, "{what}: result device");
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
+    match want.dtype() {
+        DType::F32 => close(
+            what,
+            &got.to_vec::<f32>().unwrap(),
+            &want.to_vec::<f32>().unwrap(),
+            rel,
+        ),
+        DType::I32 => assert_eq!(
+            got.to_vec::<i32>().unwrap(),
+            want.to_vec::<i32>().unwrap(),
+            "{what}"
+        ),
+        DType::Bool => assert_eq!(
+            got.to_vec::<bool>().unwrap(),
+            want.to_vec::<bool>().unwrap(),
+            "{what}"
+        ),
+        DType::U8 => assert_eq!(
+            got.to_vec::<u8>().unwrap(),
+            want.to_vec::<u8>().unwrap(),
+            "{what}"
+        ),
+        t => panic!("{what}: unexpected {t:?}"),
+    }
+}
+
+#[test]
+fn every_dtype_goes_up_and_comes_back() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new();
+    let f = m.create(&vals(10, 1), [2, 5]);
+    let i = m.create(&[1i32, -2, 3, i32::MAX, i32::MIN, 0], [3, 2]);
+    let u = m.create(&[0u8, 1, 200, 255], [4]);
+    let b = m.create(&[true, false, true], [3]);
+    let z = m.zeros([0, 3], DType::F32);
+    for a in [f, i, u, b, z] {
+        let g = a.to_device(d);
+        assert_eq!(g.device(), d);
+        assert_eq!(g.to_string(), a.to_string(), "Display reads the device");
+        let back = g.to_device(Device::Cpu);
+        assert_eq!(back.device(), Device::Cpu);
+        assert_eq!(back.to_string(), a.to_string());
+    }
+    // A view goes up as its elements (a contiguous copy).
+    let t = f.transpose().get("::-1");
+    assert_eq!(
+        t.to_device(d).to_vec::<f32>().unwrap(),
+        t.to_vec::<f32>().unwrap()
+    );
+    // F64 has no kernel set on the device yet: a typed error, nothing allocated.
+    let before = memory_on(d);
+    let e = m.zeros([2], DType::F64).try_to_device(d).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            NdError::Unsupported {
+                op: "to_device",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(memory_on(d).live_bytes, before.live_bytes);
+    m.close();
+}
+
+#[test]
+fn a_manager_on_a_gpu_creates_there() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new_on(d);
+    assert_eq!(m.device(), d);
+    let sub = m.new_sub_manager();
+    assert_eq!(sub.device(), d);
+    let a = m.create(&[1.0f32, 2.0, 3.0], [3]);
+    let z = sub.zeros([2, 2], DType::I32);
+    let r = m.arange(0.0, 4.0, 1.0, DType::F32);
+    for x in [a, z, r] {
+        assert_eq!(x.device(), d);
+    }
+    assert_eq!(a.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
+    assert_eq!(z.to_vec::<i32>().unwrap(), vec![0; 4]);
+    assert_eq!((r * 2.0).to_vec::<f32>().unwrap(), vec![0.0, 2.0, 4.0, 6.0]);
+    m.close();
+}
+
+#[test]
+fn elementwise_ops_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new();
+    let a = m.create(&vals(24, 2), [2, 3, 4]);
+    let b = m.create(&vals(4, 3), [4]);
+    let c = m.create(&vals(6, 4), [2, 3, 1]);
+    let pos = m.create(&vals(24, 5), [2, 3, 4]).abs() + 0.5;
+    let t = m.create(&vals(12, 6), [3, 4]).transpose(); // [4,3], strides [1,4]
+    let s = m.create(&vals(30, 7), [5, 6]).get("1::2, ::-2"); // offset, step 2, flipped
+    let e = m.zeros([0, 4], DType::F32);
+    let cases: [(&str, &[&NDArray], Op); 14] = [
+        ("add", &[&a, &b], |x| x[0] + x[1]),
+        ("sub", &[&a, &c], |x| x[0] - x[1]),
+        ("mul", &[&c, &b], |x| x[0] * x[1]),
+        ("div", &[&a, &pos], |x| x[0] / x[1]),
+        ("pow", &[&pos, &b], |x| x[0].pow(x[1])),
+        ("maximum", &[&a, &c], |x| x[0].maximum(x[1])),
+        ("minimum", &[&a, &b], |x| x[0].minimum(x[1])),
+        ("transposed", &[&t, &b.get(":3")], |x| x[0] * x[1] + 1.0),
+        ("stepped", &[&s, &s], |x| x[0] - x[1] * 2.0),
+        ("scalars", &[&a], |x| 2.0 - (x[0] * 0.5) / 3.0),
+        ("zero-size", &[&e, &b], |x| x[0] + x[1]),
+        ("compare", &[&a, &b], |x| x[0].gt(x[1])),
+        ("eq", &[&c, &c], |x| x[0].eq(x[1])),
+        ("reshape of a view", &[&t], |x| x[0].reshape([12]) + 0.0),
+    ];
+    for (what, inputs, f) in cases {
+        same(what, d, inputs, 1e-5, f);
+    }
+    let unary: [(&str, Op); 11] = [
+        ("abs", |x| x[0].abs()),
+        ("neg", |x| -x[0]),
+        ("square", |x| x[0].square()),
+        ("relu", |x| x[0].relu()),
+        ("exp", |x| x[0].exp()),
+        ("log", |x| x[0].abs().log()),
+        ("sqrt", |x| x[0].abs().sqrt()),
+        ("sin", |x| x[0].sin()),
+        ("cos", |x| x[0].cos()),
+        ("tanh", |x| x[0].tanh()),
+        ("sigmoid", |x| x[0].sigmoid()),
+    ];
+    for (what, f) in unary {
+        same(what, d, &[&a], 1e-5, f);
+        same(what, d, &[&s], 1e-5, f);
+    }
+    // Integers match exactly.
+    let i = m.create(&[5i32, -7, 3, 0, 12, -1], [2, 3]);
+    let j = m.create(&[2i32, 3, -4], [3]);
+    let ints: [(&str, Op); 6] = [
+        ("i32 add", |x| x[0] + x[1]),
+        ("i32 sub", |x| x[0] - x[1]),
+        ("i32 mul", |x| x[0] * x[1]),
+        ("i32 max", |x| x[0].maximum(x[1])),
+        ("i32 scalar", |x| x[0] * 3 + 1),
+        ("i32 le", |x| x[0].le(x[1])),
+    ];
+    for (what, f) in ints {
+        same(what, d, &[&i, &j], 0.0, f);
+    }
+    m.close();
+}
+
+#[test]
+fn reductions_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new();
+    let a = m.create(&vals(2 * 3 * 50, 8), [2, 3, 50]);
+    let t = a.permute(&[2, 0, 1]); // a strided view
+    let big = m.create(&vals(70_000, 9), [70_000]);
+    let cases: [(&str, Op); 8] = [
+        ("sum all", |x| x[0].sum()),
+        ("mean all", |x| x[0].mean()),
+        ("max all", |x| x[0].max()),
+        ("min all", |x| x[0].min()),
+        ("sum axis", |x| x[0].sum_axes(&[-1], false)),
+        ("mean axes", |x| x[0].mean_axes(&[0, 2], true)),
+        ("max axis", |x| x[0].max_axes(&[1], false)),
+        ("min axis", |x| x[0].min_axes(&[0], false)),
+    ];
+    for (what, f) in cases {
+        same(what, d, &[&a], 1e-4, f);
+        same(what, d, &[&t], 1e-4, f);
+    }
+    same("sum of 70,000", d, &[&big], 1e-4, |x| x[0].sum());
+    m.close();
+}
+
+#[test]
+fn devices_do_not_mix_and_missing_kernels_say_so() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new();
+    let c = m.create(&[1.0f32, 2.0], [2]);
+    let g = m.create(&[3.0f32, 4.0], [2]).to_device(d);
+    let (cpu0, gpu0) = (memory_on(Device::Cpu), memory_on(d));
+    match c.try_add(g).unwrap_err() {
+        NdError::DeviceMismatch {
+            op,
+            lhs_device,
+            rhs_device,
+            ..
+        } => {
+            assert_eq!((op, lhs_device, rhs_device), ("add", Device::Cpu, d));
+        }
+        e => panic!("expected DeviceMismatch, got {e}"),
+    }
+    let e = g.try_matmul(g.reshape([2, 1])).unwrap_err();
+    assert!(
+        matches!(e, NdError::Unsupported { op: "matmul", device } if device == d),
+        "{e}"
+    );
+    assert!(e.to_string().contains(&d.to_string()), "{e}");
+    // In-place updates are the CPU's for now.
+    assert!(matches!(
+        g.try_addi(1.0).unwrap_err(),
+        NdError::Unsupported { .. }
+    ));
+    // Nothing was allocated by the failures.
+    assert_eq!(memory_on(Device::Cpu).live_bytes, cpu0.live_bytes);
+    assert_eq!(memory_on(d).live_bytes, gpu0.live_bytes);
+    m.close();
+}
+
+#[test]
+fn scopes_free_device_memory_and_empty_cache_returns_it() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new_on(d);
+    let w = m.create(&vals(1 << 16, 10), [1 << 16]);
+    empty_cache();
+    let base = memory_on(d);
+    let driver0 = driver_memory(d);
+    for _ in 0..5 {
+        let _s = NDScope::new();
+        let mut x = w;
+        for _ in 0..10 {
+            x = (x * 0.5 + w).relu();
+        }
+        assert!(memory_on(d).live_bytes > base.live_bytes);
+    }
+    let after = memory_on(d);
+    assert_eq!(
+        after.live_bytes, base.live_bytes,
+        "the scopes freed every intermediate"
+    );
+    assert_eq!(after.live_buffers, base.live_buffers);
+    assert!(after.cached_bytes > 0, "freed buffers wait in the pool");
+    let grown = driver_memory(d);
+    empty_cache();
+    assert_eq!(memory_on(d).cached_bytes, 0);
+    if let (Some(b0), Some(g), Some(e)) = (driver0, grown, driver_memory(d)) {
+        assert!(g > b0, "the loop took driver memory: {b0} -> {g}");
+        assert!(e <= b0, "empty_cache gave it back: {b0} -> {e}");
+    }
+    // Closing the manager frees its arrays on the device too.
+    m.close();
+    assert_eq!(memory_on(d).live_bytes, base.live_bytes - (1 << 18));
+}
