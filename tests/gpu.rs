@@ -242,6 +242,33 @@ fn reductions_match_the_cpu() {
 }
 
 #[test]
+fn matmul_matches_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new();
+    let a = m.create(&vals(37 * 19, 11), [37, 19]);
+    let b = m.create(&vals(19 * 23, 12), [19, 23]);
+    let bt = m.create(&vals(23 * 19, 13), [23, 19]).transpose(); // [19,23], strides [1,19]
+    let v = m.create(&vals(19, 14), [19]);
+    let s = m.create(&vals(3 * 5 * 19, 15), [3, 1, 5, 19]);
+    let t = m.create(&vals(2 * 19 * 4, 16), [2, 19, 4]);
+    let cases: [(&str, &[&NDArray], Op); 6] = [
+        ("2-d", &[&a, &b], |x| x[0].matmul(x[1])),
+        ("transposed rhs", &[&a, &bt], |x| x[0].matmul(x[1])),
+        ("matrix @ vector", &[&a, &v], |x| x[0].matmul(x[1])),
+        ("vector @ matrix", &[&v, &b], |x| x[0].matmul(x[1])),
+        ("batches broadcast", &[&s, &t], |x| x[0].matmul(x[1])),
+        ("a view's rows", &[&a, &b], |x| {
+            x[0].get("1::3").matmul(x[1])
+        }),
+    ];
+    for (what, inputs, f) in cases {
+        same(what, d, inputs, 1e-4, f);
+    }
+    m.close();
+}
+
+#[test]
 fn devices_do_not_mix_and_missing_kernels_say_so() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(d) = gpu() else { return };
@@ -260,9 +287,9 @@ fn devices_do_not_mix_and_missing_kernels_say_so() {
         }
         e => panic!("expected DeviceMismatch, got {e}"),
     }
-    let e = g.try_matmul(g.reshape([2, 1])).unwrap_err();
+    let e = g.try_cumsum(0).unwrap_err();
     assert!(
-        matches!(e, NdError::Unsupported { op: "matmul", device } if device == d),
+        matches!(e, NdError::Unsupported { op: "cumsum", device } if device == d),
         "{e}"
     );
     assert!(e.to_string().contains(&d.to_string()), "{e}");

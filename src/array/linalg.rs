@@ -119,7 +119,7 @@ fn matmul_impl(
     at: SourceLocation,
     trans: [bool; 2],
 ) -> Result<NDArray> {
-    let id = engine::run_op(op, &[x.id, y.id], at, |o| {
+    let id = engine::run_op_on(op, &[x.id, y.id], at, |o| {
         let (a, b) = (&o[0], &o[1]);
         same_dtype(op, a, b)?;
         if a.dtype == DType::Bool {
@@ -197,6 +197,24 @@ fn matmul_impl(
                     }
                 },
             );
+        }
+        #[cfg(feature = "gpu")]
+        if let (Some(ga), Some(gb)) = (a.gpu(), b.gpu()) {
+            use crate::backend::wgpu::kernels::{MatView, matmul};
+            let (ma, mb) = (
+                MatView {
+                    buf: ga.buf,
+                    rs: va.rs,
+                    cs: va.cs,
+                },
+                MatView {
+                    buf: gb.buf,
+                    rs: vb.rs,
+                    cs: vb.cs,
+                },
+            );
+            let buf = matmul(op, ma, mb, (m, n, k), &offsets, a.dtype)?;
+            return Ok(crate::array::device::gpu_out(buf, shape, a.dtype));
         }
         let buf = dispatch!(a.dtype, T => {
             let (da, db) = (a.data::<T>(), b.data::<T>());

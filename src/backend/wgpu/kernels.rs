@@ -434,3 +434,108 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) w: vec3<u
     );
     Ok(dst)
 }
+
+/// One operand of [`matmul`]: its buffer and the element strides of its rows and
+/// columns (a transposed view just swaps them).
+pub(crate) struct MatView<'a> {
+    pub buf: &'a GpuBuffer,
+    pub rs: isize,
+    pub cs: isize,
+}
+
+/// `out[b] = A[b] (m x k) @ B[b] (k x n)` for each batch `b`, whose matrices start at
+/// `offsets[b]` (elements of A, of B); `out` is `[batches, m, n]`, contiguous. F32 only.
+/// Tiled: each 16x16 workgroup stages 16x16 blocks of A and B in workgroup memory.
+pub(crate) fn matmul(
+    op: &'static str,
+    a: MatView<'_>,
+    b: MatView<'_>,
+    (m, n, k): (usize, usize, usize),
+    offsets: &[(isize, isize)],
+    dtype: DType,
+) -> Result<GpuBuffer> {
+    let ctx = a.buf.ctx();
+    if dtype != DType::F32 || offsets.len() > 65_535 {
+        return Err(unsupported(op, ctx));
+    }
+    let dst = out_buffer(ctx, offsets.len() * m * n, dtype, op)?;
+    if m * n == 0 || offsets.is_empty() {
+        return Ok(dst);
+    }
+    let mut prm: Vec<u32> = [m, n, k, 0]
+        .iter()
+        .map(|&v| v as u32)
+        .chain([a.rs, a.cs, b.rs, b.cs].iter().map(|&s| s as i32 as u32))
+        .collect();
+    for &(oa, ob) in offsets {
+        prm.push(oa as i32 as u32);
+        prm.push(ob as i32 as u32);
+    }
+    let pipeline = ctx.pipeline("matmul f32", || {
+        "@group(0) @binding(0) var<storage, read> prm: array<i32>;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dst: array<f32>;
+var<workgroup> ta: array<array<f32, 16>, 16>;
+var<workgroup> tb: array<array<f32, 16>, 16>;
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {
+    let m = u32(prm[0]);
+    let n = u32(prm[1]);
+    let k = u32(prm[2]);
+    let row = wg.y * 16u + l.y;
+    let col = wg.x * 16u + l.x;
+    let oa = prm[8u + 2u * wg.z];
+    let ob = prm[9u + 2u * wg.z];
+    var acc = 0.0;
+    for (var t = 0u; t < k; t += 16u) {
+        let ka = t + l.x;
+        let kb = t + l.y;
+        ta[l.y][l.x] = select(0.0, a[oa + i32(row) * prm[4] + i32(ka) * prm[5]], row < m && ka < k);
+        tb[l.y][l.x] = select(0.0, b[ob + i32(kb) * prm[6] + i32(col) * prm[7]], kb < k && col < n);
+        workgroupBarrier();
+        for (var i = 0u; i < 16u; i++) {
+            acc += ta[l.y][i] * tb[i][l.x];
+        }
+        workgroupBarrier();
+    }
+    if (row < m && col < n) {
+        dst[wg.z * m * n + row * n + col] = acc;
+    }
+}
+"
+        .to_string()
+    });
+    let params = ctx.params(&prm);
+    let entries = [
+        wgpu::BindGroupEntry {
+            binding: 0,
+            resource: params.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 1,
+            resource: a.buf.raw().as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 2,
+            resource: b.buf.raw().as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 3,
+            resource: dst.raw().as_entire_binding(),
+        },
+    ];
+    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    });
+    let (gx, gy) = (n.div_ceil(16) as u32, m.div_ceil(16) as u32);
+    ctx.record(|enc| {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(gx, gy, offsets.len() as u32);
+    });
+    Ok(dst)
+}
