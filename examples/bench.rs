@@ -30,6 +30,12 @@
 //! `cross_entropy_fwd_bwd_us` is the same for `cross_entropy` of [32,10] F32 logits
 //! with I64 labels (gradient for the logits). `bench/torch_nn_bench.py` measures both
 //! in PyTorch (one thread) or, without PyTorch, numpy (im2col + matmul).
+//!
+//! Built with `--features gpu`, on the first GPU that `devices()` lists:
+//! `gpu_add10_enqueue_ns` is the host cost of queueing an add of two [10] F32 arrays on
+//! the device and closing the result (no wait); `gpu_add16M_GBps` (3 x 64 MiB moved)
+//! and `gpu_sum16M_GBps` (64 MiB read) and `gpu_matmul2048_GFLOPs` (F32) time the op
+//! plus `synchronize`. Without a GPU they are `null`.
 
 use ndscope::{DType, GradientCollector, NDArray, NDManager, NDScope};
 use std::future::Future;
@@ -458,6 +464,11 @@ fn main() {
     });
     let gflops = matmul2048_ms.map(|ms| 2.0 * (k as f64).powi(3) / (ms * 1e6));
 
+    let gpu = if run("gpu") {
+        gpu_keys(quick, r)
+    } else {
+        [None; 4]
+    };
     let threads = rayon::current_num_threads();
     let rss = peak_rss_mb();
     // (JSON key, table label, value, decimals, unit)
@@ -588,6 +599,16 @@ fn main() {
             2,
             "x",
         ),
+        ("gpu_add10_enqueue_ns", "gpu: queue add10", gpu[0], 0, "ns"),
+        ("gpu_add16M_GBps", "gpu: add 16M f32", gpu[1], 1, "GB/s"),
+        ("gpu_sum16M_GBps", "gpu: sum 16M f32", gpu[2], 1, "GB/s"),
+        (
+            "gpu_matmul2048_GFLOPs",
+            "gpu: matmul 2048 f32",
+            gpu[3],
+            1,
+            "GFLOP/s",
+        ),
         ("peak_rss_mb", "peak RSS", Some(rss), 1, "MiB"),
     ];
     if json {
@@ -606,4 +627,46 @@ fn main() {
         }
     }
     m.close();
+}
+
+/// The GPU keys (see the module docs), on the first GPU; `None` without one.
+#[cfg(feature = "gpu")]
+fn gpu_keys(quick: bool, r: usize) -> [Option<f64>; 4] {
+    use ndscope::{Device, devices, synchronize};
+    let Some(d) = devices().into_iter().find(|d| d.device != Device::Cpu) else {
+        return [None; 4];
+    };
+    let d = d.device;
+    let m = NDManager::new_on(d);
+    let it = |n: usize| if quick { 2 } else { n };
+    let (a, b) = (m.ones([10], DType::F32), m.ones([10], DType::F32));
+    let enqueue = median_ns(r, it(20_000), op_then_close(|| a + b));
+    synchronize(d).expect("the device");
+    let n = if quick { 1 << 10 } else { 1 << 24 };
+    let (x, y) = (m.ones([n], DType::F32), m.ones([n], DType::F32));
+    let timed = |f: &dyn Fn() -> NDArray| {
+        median_ns(r.min(5), it(5), || {
+            let c = f();
+            synchronize(d).expect("the device");
+            c.close();
+        })
+    };
+    let add = timed(&|| x + y);
+    let sum = timed(&|| x.sum());
+    let k = if quick { 64 } else { 2048 };
+    let (p, q) = (m.ones([k, k], DType::F32), m.ones([k, k], DType::F32));
+    let mm = timed(&|| p.matmul(q));
+    m.close();
+    let bytes = (n * 4) as f64;
+    [
+        Some(enqueue),
+        Some(3.0 * bytes / add),
+        Some(bytes / sum),
+        Some(2.0 * (k * k * k) as f64 / mm),
+    ]
+}
+
+#[cfg(not(feature = "gpu"))]
+fn gpu_keys(_: bool, _: usize) -> [Option<f64>; 4] {
+    [None; 4]
 }

@@ -113,3 +113,24 @@ pub(crate) fn check(device: Device) -> crate::Result<()> {
         }
     }
 }
+
+/// Wait until the work queued on `device` is done, as `torch.cuda.synchronize`: ops on
+/// a GPU are queued and return at once, so a benchmark synchronizes before it reads
+/// the clock. Reads (`to_vec`, `Display`, io) wait by themselves. A no-op on the CPU,
+/// whose ops finish before they return. Errors: `NoDevice`.
+///
+/// ```
+/// use ndscope::{Device, synchronize};
+/// synchronize(Device::Cpu)?;
+/// # Ok::<(), ndscope::NdError>(())
+/// ```
+pub fn synchronize(device: Device) -> crate::Result<()> {
+    check(device)?;
+    match device {
+        Device::Cpu => Ok(()),
+        #[cfg(feature = "gpu")]
+        Device::Gpu(n) => crate::backend::wgpu::synchronize(n),
+        #[cfg(not(feature = "gpu"))]
+        Device::Gpu(_) => Ok(()),
+    }
+}

@@ -242,7 +242,7 @@ pub mod task;
 
 pub use array::{NDArray, Rhs};
 pub use autograd::{GradientCollector, no_grad};
-pub use device::{Device, DeviceInfo, devices};
+pub use device::{Device, DeviceInfo, devices, synchronize};
 pub use diag::{
     CacheStats, LeakReport, LeakSite, LeakWarning, LeakWatch, MemoryStats, OpRecord, Profile,
     assert_no_leaks, cache_stats, check_leaks, driver_memory, empty_cache, leak_report, memory,

@@ -472,6 +472,18 @@ pub(crate) fn download(buf: &GpuBuffer, n: usize, dtype: DType) -> Result<Vec<u8
     Ok(out)
 }
 
+/// Submit `Device::Gpu(index)`'s queued work and wait until it is done (a no-op for a
+/// device not opened yet).
+pub(crate) fn synchronize(index: usize) -> Result<()> {
+    if let Some(Some(Ok(c))) = gpus().ctxs.get(index).map(OnceLock::get) {
+        c.flush();
+        c.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| NdError::invalid("synchronize", format!("gpu:{index}: {e}")))?;
+    }
+    Ok(())
+}
+
 /// Return every device's cached buffers to its driver (devices not yet opened have
 /// none).
 pub(crate) fn empty_cache() {
