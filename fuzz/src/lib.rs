@@ -22,8 +22,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub mod shapes;
 
-/// The single-allocation cap for an empty input.
+/// The single-allocation cap for an empty input (`NDSCOPE_FUZZ_BASE_CAP`, in bytes,
+/// overrides it: a small value shows the cap at work on any seed).
 pub const BASE_CAP: usize = 64 << 20;
+
+fn base_cap() -> usize {
+    static CAP: OnceLock<usize> = OnceLock::new();
+    *CAP.get_or_init(|| {
+        std::env::var("NDSCOPE_FUZZ_BASE_CAP")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(BASE_CAP)
+    })
+}
 /// What each byte of input adds to the cap (a deflated npz member may hold about
 /// 1,000 times its size; 16 is plenty for inputs of a few KiB under the base cap).
 pub const CAP_PER_INPUT_BYTE: usize = 16;
@@ -128,7 +139,7 @@ fn run_capped(len: usize, f: impl FnOnce(&NDManager)) {
     let before = ndscope::memory();
     let m = root().new_sub_manager();
     CAP.store(
-        BASE_CAP.saturating_add(len.saturating_mul(CAP_PER_INPUT_BYTE)),
+        base_cap().saturating_add(len.saturating_mul(CAP_PER_INPUT_BYTE)),
         Ordering::Relaxed,
     );
     f(&m);
