@@ -26,6 +26,13 @@
 //! [`load_into`] changes no array. Every function has a panicking form and a `try_`
 //! twin; the panic message is exactly the error's.
 //!
+//! Files from strangers: every length a file states (a header's size, a shape, a zip
+//! member's size, a central directory's) is checked against the bytes the file holds
+//! before memory is reserved for it, so a forged or damaged file is a `Format` error
+//! naming the claim and what the file holds, never a large reservation; shapes whose
+//! size overflows and more than 64 dimensions are `Format` errors too. The readers are
+//! fuzzed (`fuzz/`, `.ci/fuzz`; RELIABILITY.md).
+//!
 //! The file functions need the default feature `io`.
 //!
 //! ```
