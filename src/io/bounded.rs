@@ -67,17 +67,9 @@ impl<'a> Source<'a> {
         Source::new(r, u64::MAX, false, "the stream")
     }
 
-    /// The most bytes the source can still give, as a message would say it.
-    fn holds(&self) -> String {
-        if self.left == u64::MAX {
-            format!("{} holds fewer", self.name)
-        } else {
-            format!("{} holds {} bytes", self.name, self.left)
-        }
-    }
-
     /// Check a claim of `n` more bytes against what the source can give: a `Format`
-    /// error "`claim` but the file holds N bytes`suffix`" if it cannot.
+    /// error "`claim` but the file holds N bytes`suffix`" if it cannot (never for a
+    /// source of unknown size).
     pub(crate) fn check_claim(
         &self,
         n: u64,
@@ -86,9 +78,10 @@ impl<'a> Source<'a> {
     ) -> Result<(), ReadErr> {
         if n > self.left {
             return Err(ReadErr::Format(format!(
-                "{} but {}{suffix}",
+                "{} but {} holds {} bytes{suffix}",
                 claim(),
-                self.holds()
+                self.name,
+                self.left
             )));
         }
         Ok(())
