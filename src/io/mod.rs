@@ -26,6 +26,13 @@
 //! [`load_into`] changes no array. Every function has a panicking form and a `try_`
 //! twin; the panic message is exactly the error's.
 //!
+//! Files from strangers: every length a file states (a header's size, a shape, a zip
+//! member's size, a central directory's) is checked against the bytes the file holds
+//! before memory is reserved for it, so a forged or damaged file is a `Format` error
+//! naming the claim and what the file holds, never a large reservation; shapes whose
+//! size overflows and more than 64 dimensions are `Format` errors too. The readers are
+//! fuzzed (`fuzz/`, `.ci/fuzz`; RELIABILITY.md).
+//!
 //! The file functions need the default feature `io`.
 //!
 //! ```
@@ -55,20 +62,26 @@
 #![cfg_attr(not(feature = "io"), allow(rustdoc::broken_intra_doc_links))]
 
 #[cfg(feature = "io")]
+mod bounded;
+#[cfg(feature = "io")]
 mod checkpoint;
 #[cfg(feature = "ndarray")]
 mod ndarray;
 #[cfg(feature = "io")]
 mod npy;
 #[cfg(feature = "io")]
+mod npz;
+#[cfg(feature = "io")]
 mod safetensors;
+#[cfg(feature = "io")]
+mod zipdir;
 
 #[cfg(feature = "io")]
 pub use checkpoint::{load_into, save_checkpoint, try_load_into, try_save_checkpoint};
 #[cfg(feature = "io")]
-pub use npy::{
-    load_npy, load_npz, save_npy, save_npz, try_load_npy, try_load_npz, try_save_npy, try_save_npz,
-};
+pub use npy::{load_npy, save_npy, try_load_npy, try_save_npy};
+#[cfg(feature = "io")]
+pub use npz::{load_npz, save_npz, try_load_npz, try_save_npz};
 #[cfg(feature = "io")]
 pub use safetensors::{
     load_safetensors, save_safetensors, try_load_safetensors, try_save_safetensors,
@@ -168,16 +181,6 @@ mod raw {
         })?
     }
 
-    /// The element count of `shape` for `dtype`, or `None` if it or its byte size
-    /// overflows the address space.
-    pub(crate) fn checked_bytes(shape: &[usize], dtype: DType) -> Option<(usize, usize)> {
-        let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
-        let b = n
-            .checked_mul(dtype.size_in_bytes())
-            .filter(|&b| b <= isize::MAX as usize)?;
-        Some((n, b))
-    }
-
     /// A buffer of `n` elements of `dtype` decoded from `bytes` (exactly `n` elements;
     /// `bool` bytes other than 0 read as `true`).
     pub(crate) fn decode(dtype: DType, n: usize, bytes: &[u8], big_endian: bool) -> Result<Buffer> {
@@ -252,14 +255,22 @@ mod raw {
         std::fs::File::open(path).map_err(|e| io_error(op, path, e))
     }
 
-    /// Read a whole file; a directory or a missing file is an `Io` error.
+    /// Read a whole file; a directory or a missing file is an `Io` error. A regular
+    /// file is read up to the length it had when opened, so what is reserved is what
+    /// the file holds; another kind (a pipe) is read as its data arrives.
     pub(crate) fn read_file(op: &'static str, path: &Path) -> Result<Vec<u8>> {
         use std::io::Read;
-        let mut f = open_file(op, path)?;
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let mut v = byte_vec(usize::try_from(len).unwrap_or(usize::MAX))?;
-        f.read_to_end(&mut v).map_err(|e| io_error(op, path, e))?;
-        Ok(v)
+        let f = open_file(op, path)?;
+        let md = f.metadata().map_err(|e| io_error(op, path, e))?;
+        let read = if md.is_file() {
+            let len = md.len();
+            let mut v = byte_vec(usize::try_from(len).unwrap_or(usize::MAX))?;
+            f.take(len).read_to_end(&mut v).map(|_| v)
+        } else {
+            let mut v = Vec::new();
+            { f }.read_to_end(&mut v).map(|_| v)
+        };
+        read.map_err(|e| io_error(op, path, e))
     }
 
     /// Names must be non-empty and distinct.

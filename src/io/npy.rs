@@ -2,15 +2,14 @@
 //! our own header code (format versions 1.0, 2.0 and 3.0; see numpy's
 //! `numpy.lib.format`).
 
+use super::bounded::{MAX_NDIM, ReadErr, Source, claimed_size};
 use super::raw::{
-    Raw, byte_vec, check_manager, check_names, checked_bytes, close_all, create, decode,
-    format_error, io_error, open_file, read_raw,
+    Raw, byte_vec, check_manager, create, decode, format_error, io_error, open_file, read_raw,
 };
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use crate::layout::for_each_row;
 use crate::shape::Dims;
 use crate::{DType, NDArray, NDManager, Shape};
-use std::io::{Read, Write};
 use std::panic::Location;
 use std::path::Path;
 
@@ -215,6 +214,12 @@ impl Parser<'_> {
                     if self.eat(b')') {
                         break;
                     }
+                    if dims.len() == MAX_NDIM {
+                        return Err(format!(
+                            "header claims more than {MAX_NDIM} dimensions (at most \
+                             {MAX_NDIM} are supported)"
+                        ));
+                    }
                     dims.push(self.int()?);
                     if !self.eat(b',') {
                         self.expect(b')')?;
@@ -325,100 +330,66 @@ pub(crate) fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> 
     })
 }
 
-/// Why reading a `.npy` stream failed.
-enum ReadErr {
-    /// Not a valid file (the message says why).
-    Format(String),
-    /// The reader failed for another reason than reaching the end early.
-    Io(std::io::Error),
-    /// The data does not fit in memory.
-    OutOfMemory(usize),
-}
-
-impl From<String> for ReadErr {
-    fn from(m: String) -> Self {
-        ReadErr::Format(m)
-    }
-}
-
 /// Headers longer than this are refused (numpy itself refuses more than 10,000
 /// bytes unless told otherwise).
 const MAX_HEADER: usize = 1 << 20;
 
-/// Fill `buf` from `r`; reaching the end early is a `Format` error saying `what`.
-fn fill(r: &mut dyn Read, buf: &mut [u8], what: &str) -> std::result::Result<(), ReadErr> {
-    r.read_exact(buf).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => ReadErr::Format(format!("truncated {what}")),
-        std::io::ErrorKind::InvalidData => ReadErr::Format(format!("corrupt {what}: {e}")),
-        _ => ReadErr::Io(e),
-    })
-}
-
-/// Read one `.npy` image from `r`: its header and exactly the data bytes the header
-/// promises, then check that nothing follows. Memory is reserved only once the
-/// header has been checked, for the size it states.
-fn read_npy(r: &mut dyn Read) -> std::result::Result<(Header, Vec<u8>), ReadErr> {
-    let mut head = vec![0u8; 10];
-    fill(r, &mut head, "header")?;
+/// Read one `.npy` image from `src`: its header and exactly the data bytes the header
+/// promises, then check that nothing follows. Every length the file states (the
+/// header's, the shape's) is checked against what `src` can give before memory is
+/// reserved for it.
+pub(crate) fn read_npy(src: &mut Source<'_>) -> std::result::Result<(Header, Vec<u8>), ReadErr> {
+    let mut head = [0u8; 12];
+    src.fill(&mut head[..10], "header")?;
     if &head[..6] != MAGIC {
         return Err("not a .npy file (no \\x93NUMPY magic)".to_string().into());
     }
-    let len = match head[6] {
-        1 => u16::from_le_bytes([head[8], head[9]]) as usize,
+    let (len, prefix) = match head[6] {
+        1 => (u16::from_le_bytes([head[8], head[9]]) as usize, 10),
         2 | 3 => {
-            let mut more = [0u8; 2];
-            fill(r, &mut more, "header")?;
-            head.extend_from_slice(&more);
-            u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize
+            src.fill(&mut head[10..12], "header")?;
+            let l = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+            (usize::try_from(l).unwrap_or(usize::MAX), 12)
         }
         v => return Err(format!("unsupported .npy format version {v}.{}", head[7]).into()),
     };
     if len > MAX_HEADER {
         return Err(format!("header of {len} bytes is too large").into());
     }
-    let start = head.len();
-    head.resize(start + len, 0);
-    fill(r, &mut head[start..], "header")?;
-    let h = parse_header(&head)?;
-    let (_, size) = checked_bytes(&h.shape, h.dtype)
-        .ok_or_else(|| format!("shape {:?} overflows the address space", h.shape))?;
-    let mut data = Vec::new();
-    data.try_reserve_exact(size)
-        .map_err(|_| ReadErr::OutOfMemory(size))?;
-    r.take(size as u64)
-        .read_to_end(&mut data)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::InvalidData => ReadErr::Format(format!("corrupt data: {e}")),
-            _ => ReadErr::Io(e),
-        })?;
-    if data.len() < size {
-        return Err(format!(
-            "truncated data: shape {:?} of {} needs {size} bytes, the file has {}",
-            h.shape,
-            h.dtype,
-            data.len()
-        )
-        .into());
-    }
-    let mut probe = [0u8; 1];
-    loop {
-        match r.read(&mut probe) {
-            Ok(0) => break,
-            Ok(_) => {
-                return Err(
-                    format!("bytes after the data of shape {:?} of {}", h.shape, h.dtype).into(),
-                );
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(ReadErr::Io(e)),
-        }
+    let text = src.read_vec(
+        len,
+        || format!("truncated header: it claims {len} bytes"),
+        " after its length",
+    )?;
+    let mut whole = Vec::new();
+    whole
+        .try_reserve_exact(prefix + len)
+        .map_err(|_| ReadErr::OutOfMemory(prefix + len))?;
+    whole.extend_from_slice(&head[..prefix]);
+    whole.extend_from_slice(&text);
+    drop(text);
+    let h = parse_header(&whole)?;
+    let (n, size) = claimed_size(&h.shape, h.dtype.size_in_bytes(), h.dtype)?;
+    let data = src.read_vec(
+        size,
+        || format!("header claims {n} {} elements ({size} bytes)", h.dtype),
+        " of data",
+    )?;
+    if !src.at_end()? {
+        return Err(format!("bytes after the data of shape {:?} of {}", h.shape, h.dtype).into());
     }
     Ok((h, data))
 }
 
 /// `read_npy`'s error as an `NdError`: a reader failure is `Io` for a file, and a
 /// `Format` error inside an archive (`io` false), whose reader is a decompressor.
-fn read_error(op: &'static str, path: &Path, prefix: &str, e: ReadErr, io: bool) -> NdError {
+pub(crate) fn read_error(
+    op: &'static str,
+    path: &Path,
+    prefix: &str,
+    e: ReadErr,
+    io: bool,
+) -> NdError {
     match e {
         ReadErr::Format(m) => format_error(op, path, format!("{prefix}{m}")),
         ReadErr::Io(e) if io => io_error(op, path, e),
@@ -449,7 +420,12 @@ fn fortran_to_c(bytes: &[u8], shape: &[usize], elem: usize) -> Result<Vec<u8>> {
 }
 
 /// A new array of `m` from a checked header and its data.
-fn array_from_npy(m: &NDManager, h: &Header, data: &[u8], at: SourceLocation) -> Result<NDArray> {
+pub(crate) fn array_from_npy(
+    m: &NDManager,
+    h: &Header,
+    data: &[u8],
+    at: SourceLocation,
+) -> Result<NDArray> {
     let n = data.len() / h.dtype.size_in_bytes();
     let buf = if h.fortran && h.shape.len() > 1 {
         let c = fortran_to_c(data, &h.shape, h.dtype.size_in_bytes())?;
@@ -461,7 +437,7 @@ fn array_from_npy(m: &NDManager, h: &Header, data: &[u8], at: SourceLocation) ->
 }
 
 /// The complete `.npy` image of an array's contents.
-fn npy_image(raw: &Raw) -> Result<Vec<u8>> {
+pub(crate) fn npy_image(raw: &Raw) -> Result<Vec<u8>> {
     let h = header(raw.dtype, raw.shape.dims());
     let mut out = byte_vec(h.len() + raw.bytes.len())?;
     out.extend_from_slice(&h);
@@ -506,8 +482,15 @@ fn load_npy_impl(m: &NDManager, path: &Path, at: SourceLocation) -> Result<NDArr
     const OP: &str = "load_npy";
     check_manager(m)?;
     let file = open_file(OP, path)?;
-    let (h, data) = read_npy(&mut std::io::BufReader::new(file))
-        .map_err(|e| read_error(OP, path, "", e, true))?;
+    // A regular file's length bounds every claim; another kind (a pipe) is read as
+    // its data arrives.
+    let (len, present) = match file.metadata() {
+        Ok(md) if md.is_file() => (md.len(), true),
+        _ => (u64::MAX, false),
+    };
+    let mut r = std::io::BufReader::new(file);
+    let mut src = Source::new(&mut r, len, present, "the file");
+    let (h, data) = read_npy(&mut src).map_err(|e| read_error(OP, path, "", e, true))?;
     array_from_npy(m, &h, &data, at)
 }
 
@@ -517,7 +500,10 @@ fn load_npy_impl(m: &NDManager, path: &Path, at: SourceLocation) -> Result<NDArr
 /// Accepts numpy's `float32`, `float64`, `int32`, `int64`, `uint8` and `bool`, in
 /// either byte order, C or Fortran order (a Fortran-order file is reordered to
 /// row-major). Boolean bytes other than 0 read as `true`. The file must hold exactly
-/// the bytes its header promises. Panics on error (see [`try_load_npy`]).
+/// the bytes its header promises: the header's length and the shape's byte size are
+/// checked against the file's length before any memory is reserved, so a forged
+/// header over a small file is a `Format` error, never a large reservation. Panics
+/// on error (see [`try_load_npy`]).
 #[track_caller]
 pub fn load_npy(m: &NDManager, path: impl AsRef<Path>) -> NDArray {
     unwrap(load_npy_impl(m, path.as_ref(), Location::caller()))
@@ -525,129 +511,13 @@ pub fn load_npy(m: &NDManager, path: impl AsRef<Path>) -> NDArray {
 
 /// [`load_npy`]. Errors: `Io` (missing file, a directory, unreadable), `Format` (not
 /// a `.npy` file, a malformed header, an unsupported dtype such as `float16` or a
-/// structured dtype, truncated or extra data), `ManagerClosed`/`ManagerCapped`,
-/// `OutOfMemory`. Nothing is allocated on error.
+/// structured dtype, more than 64 dimensions, a shape whose size overflows, a header
+/// claiming more data than the file holds, truncated or extra data),
+/// `ManagerClosed`/`ManagerCapped`, `OutOfMemory` (data that is in the file but does
+/// not fit in memory). Nothing is allocated on error.
 #[track_caller]
 pub fn try_load_npy(m: &NDManager, path: impl AsRef<Path>) -> Result<NDArray> {
     load_npy_impl(m, path.as_ref(), Location::caller())
-}
-
-// ------------------------------------------------------------------ .npz
-
-fn save_npz_impl<S: AsRef<str>>(path: &Path, arrays: &[(S, NDArray)]) -> Result<()> {
-    const OP: &str = "save_npz";
-    check_names(OP, arrays.iter().map(|(n, _)| n.as_ref()))?;
-    let images = arrays
-        .iter()
-        .map(|(_, a)| read_raw(*a).and_then(|r| npy_image(&r)))
-        .collect::<Result<Vec<_>>>()?;
-    let file = std::fs::File::create(path).map_err(|e| io_error(OP, path, e))?;
-    let zip_err = |e: zip::result::ZipError| match e {
-        zip::result::ZipError::Io(e) => io_error(OP, path, e),
-        e => format_error(OP, path, e.to_string()),
-    };
-    let mut z = zip::ZipWriter::new(std::io::BufWriter::new(file));
-    for ((name, _), image) in arrays.iter().zip(&images) {
-        let opts = zip::write::SimpleFileOptions::default()
-            .compression_method(zip::CompressionMethod::Stored)
-            .large_file(image.len() as u64 >= u32::MAX as u64);
-        z.start_file(format!("{}.npy", name.as_ref()), opts)
-            .map_err(zip_err)?;
-        z.write_all(image).map_err(|e| io_error(OP, path, e))?;
-    }
-    let mut w = z.finish().map_err(zip_err)?;
-    w.flush().map_err(|e| io_error(OP, path, e))
-}
-
-/// Write named arrays to `path` as an `.npz` archive, as `numpy.savez` does: one
-/// uncompressed member `NAME.npy` per array, in the order given. `numpy.load`
-/// reads it (`np.load(path)["w"]`). Names must be non-empty and distinct. Overwrites
-/// an existing file. Panics on error (see [`try_save_npz`]).
-///
-/// ```
-/// use ndscope::{DType, NDManager, io};
-/// let m = NDManager::new();
-/// let path = std::env::temp_dir().join(format!("ndscope-npz-doc-{}.npz", std::process::id()));
-/// let x = m.ones([2, 3], DType::F32);
-/// let y = m.create(&[true, false], [2]);
-/// io::save_npz(&path, &[("x", x), ("y", y)]);
-/// let loaded = io::load_npz(&m, &path);
-/// assert_eq!(loaded[1].0, "y");
-/// assert_eq!(loaded[1].1.to_vec::<bool>()?, vec![true, false]);
-/// # std::fs::remove_file(&path).unwrap();
-/// # Ok::<(), ndscope::NdError>(())
-/// ```
-#[track_caller]
-pub fn save_npz<S: AsRef<str>>(path: impl AsRef<Path>, arrays: &[(S, NDArray)]) {
-    unwrap(save_npz_impl(path.as_ref(), arrays))
-}
-
-/// [`save_npz`]. Errors: `InvalidArgument` (an empty or repeated name), `Closed`,
-/// `Io`. Nothing is written when an argument is bad.
-pub fn try_save_npz<S: AsRef<str>>(path: impl AsRef<Path>, arrays: &[(S, NDArray)]) -> Result<()> {
-    save_npz_impl(path.as_ref(), arrays)
-}
-
-fn load_npz_impl(m: &NDManager, path: &Path, at: SourceLocation) -> Result<Vec<(String, NDArray)>> {
-    const OP: &str = "load_npz";
-    check_manager(m)?;
-    let file = open_file(OP, path)?;
-    let zip_err = |e: zip::result::ZipError| match e {
-        zip::result::ZipError::Io(e) if e.kind() != std::io::ErrorKind::UnexpectedEof => {
-            io_error(OP, path, e)
-        }
-        e => format_error(OP, path, format!("not a valid zip archive: {e}")),
-    };
-    let mut z = zip::ZipArchive::new(std::io::BufReader::new(file)).map_err(zip_err)?;
-    // Read and check every member before creating any array.
-    let mut members = Vec::with_capacity(z.len());
-    for i in 0..z.len() {
-        let mut f = z.by_index(i).map_err(zip_err)?;
-        let full = f.name().map_err(zip_err)?.into_owned();
-        let Some(name) = full.strip_suffix(".npy").map(str::to_string) else {
-            return Err(format_error(
-                OP,
-                path,
-                format!("member '{full}' is not a .npy file"),
-            ));
-        };
-        let prefix = format!("member '{name}.npy': ");
-        let (h, data) = read_npy(&mut f).map_err(|e| read_error(OP, path, &prefix, e, false))?;
-        members.push((name, h, data));
-    }
-    check_names(OP, members.iter().map(|(n, _, _)| n.as_str()))
-        .map_err(|e| format_error(OP, path, e.to_string()))?;
-    let mut out: Vec<(String, NDArray)> = Vec::with_capacity(members.len());
-    for (name, h, data) in members {
-        match array_from_npy(m, &h, &data, at) {
-            Ok(a) => out.push((name, a)),
-            Err(e) => {
-                close_all(out.into_iter().map(|(_, a)| a));
-                return Err(e);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Read an `.npz` archive (from `numpy.savez` or `numpy.savez_compressed`, or
-/// [`save_npz`]) into new arrays of `m`, registered in the current scope, as
-/// `(name, array)` pairs in archive order (the name is the member's name without
-/// `.npy`). Members may be stored or deflated. Each member is read as [`load_npy`]
-/// reads a file. Panics on error (see [`try_load_npz`]).
-#[track_caller]
-pub fn load_npz(m: &NDManager, path: impl AsRef<Path>) -> Vec<(String, NDArray)> {
-    unwrap(load_npz_impl(m, path.as_ref(), Location::caller()))
-}
-
-/// [`load_npz`]. Errors: `Io` (missing file, a directory), `Format` (not a zip
-/// archive, a member that is not a valid `.npy` file or not named `*.npy`, an
-/// unsupported compression, a repeated name), `ManagerClosed`/`ManagerCapped`,
-/// `OutOfMemory`. Every member is checked before any array is created: nothing is
-/// allocated on error.
-#[track_caller]
-pub fn try_load_npz(m: &NDManager, path: impl AsRef<Path>) -> Result<Vec<(String, NDArray)>> {
-    load_npz_impl(m, path.as_ref(), Location::caller())
 }
 
 #[cfg(test)]

@@ -1,9 +1,10 @@
 //! The safetensors format (through the `safetensors` crate): a JSON header naming
 //! each array's dtype, shape and byte range, then the data, little-endian.
 
+use super::bounded::claimed_size;
 use super::raw::{
-    Raw, check_manager, check_names, checked_bytes, close_all, create, decode, format_error,
-    io_error, not_a_dir, read_file, read_raw,
+    Raw, check_manager, check_names, close_all, create, decode, format_error, io_error, not_a_dir,
+    read_file, read_raw,
 };
 use crate::error::{NdError, Result, SourceLocation, unwrap};
 use crate::shape::Dims;
@@ -122,8 +123,10 @@ pub(crate) fn entries<'a>(
             )
         })?;
         let shape = t.shape().to_vec();
-        let size = checked_bytes(&shape, dtype).map(|(_, b)| b);
-        if size != Some(t.data().len()) {
+        let size = claimed_size(&shape, dtype.size_in_bytes(), dtype)
+            .map_err(|m| format_error(op, path, format!("'{name}': {m}")))?
+            .1;
+        if size != t.data().len() {
             return Err(format_error(
                 op,
                 path,

@@ -22,14 +22,20 @@ mod rule02_moves;
 mod rule03_scopes;
 mod rule04_escape;
 mod rule05_refcounts;
+mod rule06_views_and_tapes;
 mod rule07_errors;
 mod rule08_caps;
 mod rule09_threads;
+mod rule10_hot_paths;
 mod rule11_scope_returns;
 
-use ndscope::{DType, NDArray, NDManager, Resource};
+use ndscope::{CountingAllocator, DType, NDArray, NDManager, Resource};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Counts each thread's allocations, for rule 10's tests (`rule10_hot_paths.rs`).
+#[global_allocator]
+static ALLOC: CountingAllocator = CountingAllocator;
 
 /// Bytes of a `[4]` f32 array.
 const B: usize = 16;
