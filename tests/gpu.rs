@@ -301,6 +301,22 @@ fn devices_do_not_mix_and_missing_kernels_say_so() {
     // Nothing was allocated by the failures.
     assert_eq!(memory_on(Device::Cpu).live_bytes, cpu0.live_bytes);
     assert_eq!(memory_on(d).live_bytes, gpu0.live_bytes);
+    // Autograd through device arrays is not there yet. A parameter's gradient lives
+    // with its manager (here the CPU); a gradient that stays lazy (a scaled sum of
+    // ones) is added there, and one computed on the device meets host values made by
+    // the backward pass and is refused (DeviceMismatch), never a panic.
+    let p = m.create(&[1.0f32, 2.0], [2]).to_device(d);
+    p.set_requires_gradient(true);
+    {
+        let gc = ndscope::GradientCollector::new();
+        gc.backward((p * 2.0).sum()).unwrap();
+    }
+    assert_eq!(p.gradient().to_vec::<f32>().unwrap(), vec![2.0, 2.0]);
+    {
+        let gc = ndscope::GradientCollector::new();
+        let e = gc.backward((p * p).sum()).unwrap_err();
+        assert!(matches!(e, NdError::DeviceMismatch { .. }), "{e}");
+    }
     m.close();
 }
 

@@ -149,13 +149,20 @@ pub(crate) fn add_to_grads(
         let Some(gr) = sh.arrays.get(g) else {
             return false; // closed by hand: the general path reports it
         };
-        if !matches!(gr.store, records::Store::Own(_)) || !gr.dtype.is_float() {
+        // Host gradients only: the general path reports another device.
+        if !matches!(gr.store, records::Store::Own(_))
+            || !gr.dtype.is_float()
+            || sh.data_of(gr).device() != crate::Device::Cpu
+        {
             return false;
         }
         if let Some((v, reduce)) = values[i] {
             let Some(vr) = sh.arrays.get(v) else {
                 return false;
             };
+            if sh.data_of(vr).device() != crate::Device::Cpu {
+                return false;
+            }
             let (gs, vs) = (&gr.layout.shape, &vr.layout.shape);
             let to = if reduce { vs } else { gs };
             if vr.dtype != gr.dtype || Shape::broadcast(gs, vs).as_ref() != Some(to) {
