@@ -317,6 +317,17 @@ fn devices_do_not_mix_and_missing_kernels_say_so() {
         let e = gc.backward((p * p).sum()).unwrap_err();
         assert!(matches!(e, NdError::DeviceMismatch { .. }), "{e}");
     }
+    // A parameter of a GPU manager has its gradient on the device: a collector opens
+    // (it cannot zero that gradient yet) and backward refuses to write it.
+    let gm = NDManager::new_on(d);
+    let q = gm.create(&[1.0f32, 2.0], [2]);
+    q.set_requires_gradient(true);
+    {
+        let gc = ndscope::GradientCollector::new();
+        let e = gc.backward((q * 2.0).sum()).unwrap_err();
+        assert!(matches!(e, NdError::Unsupported { .. }), "{e}");
+    }
+    gm.close();
     m.close();
 }
 

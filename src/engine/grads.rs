@@ -69,7 +69,9 @@ pub(crate) fn zero_my_param_grads() -> Vec<ArrayId> {
     let mut rest = Vec::new();
     for g in grads {
         match sh.arrays.get(g).map(|r| &r.store) {
-            Some(records::Store::Own(buf)) if g.shard == me => {
+            Some(records::Store::Own(buf))
+                if g.shard == me && buf.device() == crate::Device::Cpu =>
+            {
                 // SAFETY: `g` is the only array viewing `buf` (`Own`), so no other
                 // slice of it exists, no op reads it outside a lock (a snapshot would
                 // have moved it to a shared record first), and its shard's lock is
