@@ -43,7 +43,12 @@ fn eight_threads_train_share_and_churn_then_counters_return_to_baseline() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
-    let deadline = Instant::now() + Duration::from_secs(secs);
+    // Every thread starts its clock once all are spawned (a barrier): under valgrind,
+    // which runs one thread at a time, a clock started before spawning could run out
+    // before a late thread ever got the CPU.
+    let secs = Duration::from_secs(secs);
+    let start = std::sync::Barrier::new(TRAINERS + 1);
+    let start = &start;
     let base = counters();
     let root = NDManager::new();
     let shared = [root.new_sub_manager(), root.new_sub_manager()];
@@ -65,6 +70,8 @@ fn eight_threads_train_share_and_churn_then_counters_return_to_baseline() {
                 // This thread's own parameter, owned by a shared manager.
                 let w = m.zeros([8, 8], DType::F32);
                 let (mut iters, mut sent, mut received) = (0u64, 0u64, 0u64);
+                start.wait();
+                let deadline = Instant::now() + secs;
                 while Instant::now() < deadline {
                     let _step = NDScope::new();
                     let x = m.random_uniform(-1.0, 1.0, [4, 8], DType::F32);
@@ -114,6 +121,8 @@ fn eight_threads_train_share_and_churn_then_counters_return_to_baseline() {
             let root = root.clone();
             s.spawn(move || {
                 let mut n = 0u64;
+                start.wait();
+                let deadline = Instant::now() + secs;
                 while Instant::now() < deadline {
                     let sub = root.new_sub_manager();
                     let a = sub.ones([16], DType::F64);
