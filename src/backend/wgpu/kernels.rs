@@ -63,10 +63,10 @@ fn out_buffer(ctx: &'static Ctx, n: usize, dtype: DType, op: &'static str) -> Re
 }
 
 /// Workgroups for `n` threads of [`WG`]: a 2-D grid past 65,535 groups.
-fn grid(n: usize) -> (u32, u32) {
+fn grid(n: usize) -> (u32, u32, u32) {
     let groups = n.div_ceil(WG as usize).max(1);
     let x = groups.min(65_535);
-    (x as u32, groups.div_ceil(x) as u32)
+    (x as u32, groups.div_ceil(x) as u32, 1)
 }
 
 const INDEX_FN: &str = "
@@ -173,7 +173,7 @@ fn dispatch(
     ctx: &Ctx,
     pipeline: &wgpu::ComputePipeline,
     entries: &[wgpu::BindGroupEntry<'_>],
-    (x, y): (u32, u32),
+    (x, y, z): (u32, u32, u32),
 ) {
     let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: None,
@@ -184,7 +184,7 @@ fn dispatch(
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &bind, &[]);
-        pass.dispatch_workgroups(x, y, 1);
+        pass.dispatch_workgroups(x, y, z);
     });
 }
 
@@ -430,7 +430,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) w: vec3<u
         ctx,
         pipeline,
         &entries,
-        (x as u32, n_out.div_ceil(x) as u32),
+        (x as u32, n_out.div_ceil(x) as u32, 1),
     );
     Ok(dst)
 }
@@ -525,17 +525,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
             resource: dst.raw().as_entire_binding(),
         },
     ];
-    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: None,
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &entries,
-    });
-    let (gx, gy) = (n.div_ceil(16) as u32, m.div_ceil(16) as u32);
-    ctx.record(|enc| {
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-        pass.set_pipeline(pipeline);
-        pass.set_bind_group(0, &bind, &[]);
-        pass.dispatch_workgroups(gx, gy, offsets.len() as u32);
-    });
+    let groups = (
+        n.div_ceil(16) as u32,
+        m.div_ceil(16) as u32,
+        offsets.len() as u32,
+    );
+    dispatch(ctx, pipeline, &entries, groups);
     Ok(dst)
 }
