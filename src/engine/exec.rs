@@ -18,6 +18,7 @@
 //!   target, and write.
 
 use super::arrays::Data;
+use super::devices::{on_host, on_one_device};
 use super::oplog;
 use super::records::{ArrayRec, Store};
 use super::shard::{Ctx, Shards, add, lock_needed, my_shard};
@@ -163,49 +164,6 @@ impl<'a, T: Native> From<&'a mut OperandMut<'_>> for StridedMut<'a, T> {
 pub(crate) fn materialize(o: &Operand<'_>) -> Result<(Buffer, Layout)> {
     let buf = dispatch!(o.dtype, T => cpu::map_unary::<T, T>(o, |x| x)?);
     Ok((buf, Layout::contiguous(o.layout.shape.clone())))
-}
-
-/// Check that op `name` may run its CPU kernel on `ops`: every operand is on the host.
-/// Operands on different devices are a `DeviceMismatch` naming the first input and the
-/// first one elsewhere; operands all on one other device are `Unsupported` there (this
-/// op has no kernel for it). Nothing has been allocated when this fails.
-#[inline]
-pub(crate) fn on_host(name: &'static str, ops: &[Operand<'_>]) -> Result<()> {
-    if ops.iter().all(|o| o.device() == Device::Cpu) {
-        Ok(())
-    } else {
-        Err(device_error(name, ops))
-    }
-}
-
-/// Check that `ops` live on one device (else `DeviceMismatch`); true when it is not
-/// the CPU.
-#[inline]
-fn on_one_device(name: &'static str, ops: &[Operand<'_>]) -> Result<bool> {
-    let device = ops[0].device();
-    if ops.iter().any(|o| o.device() != device) {
-        return Err(device_error(name, ops));
-    }
-    Ok(device != Device::Cpu)
-}
-
-#[cold]
-#[inline(never)]
-fn device_error(name: &'static str, ops: &[Operand<'_>]) -> NdError {
-    let first = &ops[0];
-    match ops.iter().find(|o| o.device() != first.device()) {
-        Some(other) => NdError::DeviceMismatch {
-            op: name,
-            lhs: first.desc(),
-            lhs_device: first.device(),
-            rhs: other.desc(),
-            rhs_device: other.device(),
-        },
-        None => NdError::Unsupported {
-            op: name,
-            device: first.device(),
-        },
-    }
 }
 
 /// Error for a dtype an op does not support.
@@ -775,12 +733,6 @@ pub(crate) fn run_inplace(
 }
 
 /// Read an array under the locks of its shard and its buffer's.
-/// The device array `id`'s data lives on.
-pub(crate) fn device_of(id: ArrayId) -> Result<Device> {
-    let ctx = Ctx::read_only(&[id.shard]);
-    Ok(ctx.operand(id)?.device())
-}
-
 pub(crate) fn read<R>(id: ArrayId, f: impl FnOnce(&Operand<'_>) -> R) -> Result<R> {
     let ctx = Ctx::read_only(&[id.shard]);
     let _locked = NoFork::new();
