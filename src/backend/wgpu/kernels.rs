@@ -150,35 +150,40 @@ fn elementwise(
         src += &format!("    dst[i] = {expr};\n}}\n");
         src
     });
-    let params = ctx.params(&prm.iter().map(|&w| w as u32).collect::<Vec<_>>());
-    let mut entries = vec![wgpu::BindGroupEntry {
-        binding: 0,
-        resource: params.as_entire_binding(),
-    }];
-    for (k, v) in inputs.iter().enumerate() {
-        entries.push(wgpu::BindGroupEntry {
-            binding: k as u32 + 1,
-            resource: v.buf.raw().as_entire_binding(),
-        });
-    }
-    entries.push(wgpu::BindGroupEntry {
-        binding: inputs.len() as u32 + 1,
-        resource: dst.raw().as_entire_binding(),
-    });
-    dispatch(ctx, pipeline, &entries, grid(n));
+    let prm: Vec<u32> = prm.iter().map(|&w| w as u32).collect();
+    let reads: Vec<&GpuBuffer> = inputs.iter().map(|v| v.buf).collect();
+    launch(ctx, pipeline, &prm, &reads, &[&dst], grid(n));
     Ok(dst)
 }
 
-fn dispatch(
+/// Record one launch of `pipeline` over `grid` workgroups: binding 0 holds the
+/// parameter words `prm`, bindings `1..` the buffers `reads` and then `writes`, in
+/// order (every kernel's bind group has that shape, so this is the one place that
+/// binds and dispatches).
+pub(crate) fn launch(
     ctx: &Ctx,
     pipeline: &wgpu::ComputePipeline,
-    entries: &[wgpu::BindGroupEntry<'_>],
+    prm: &[u32],
+    reads: &[&GpuBuffer],
+    writes: &[&GpuBuffer],
     (x, y, z): (u32, u32, u32),
 ) {
+    let params = ctx.params(prm);
+    let mut entries = Vec::with_capacity(1 + reads.len() + writes.len());
+    entries.push(wgpu::BindGroupEntry {
+        binding: 0,
+        resource: params.as_entire_binding(),
+    });
+    for (k, b) in reads.iter().chain(writes).enumerate() {
+        entries.push(wgpu::BindGroupEntry {
+            binding: k as u32 + 1,
+            resource: b.raw().as_entire_binding(),
+        });
+    }
     let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: None,
         layout: &pipeline.get_bind_group_layout(0),
-        entries,
+        entries: &entries,
     });
     ctx.record(|enc| {
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
@@ -410,26 +415,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) w: vec3<u
 "
         )
     });
-    let params = ctx.params(&prm.iter().map(|&w| w as u32).collect::<Vec<_>>());
-    let entries = [
-        wgpu::BindGroupEntry {
-            binding: 0,
-            resource: params.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 1,
-            resource: a.buf.raw().as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 2,
-            resource: dst.raw().as_entire_binding(),
-        },
-    ];
+    let prm: Vec<u32> = prm.iter().map(|&w| w as u32).collect();
     let x = n_out.min(65_535);
-    dispatch(
+    launch(
         ctx,
         pipeline,
-        &entries,
+        &prm,
+        &[a.buf],
+        &[&dst],
         (x as u32, n_out.div_ceil(x) as u32, 1),
     );
     Ok(dst)
@@ -506,30 +499,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
 "
         .to_string()
     });
-    let params = ctx.params(&prm);
-    let entries = [
-        wgpu::BindGroupEntry {
-            binding: 0,
-            resource: params.as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 1,
-            resource: a.buf.raw().as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 2,
-            resource: b.buf.raw().as_entire_binding(),
-        },
-        wgpu::BindGroupEntry {
-            binding: 3,
-            resource: dst.raw().as_entire_binding(),
-        },
-    ];
     let groups = (
         n.div_ceil(16) as u32,
         m.div_ceil(16) as u32,
         offsets.len() as u32,
     );
-    dispatch(ctx, pipeline, &entries, groups);
+    launch(ctx, pipeline, &prm, &[a.buf, b.buf], &[&dst], groups);
     Ok(dst)
 }
