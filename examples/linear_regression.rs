@@ -4,11 +4,15 @@
 //!
 //! ```text
 //! cargo run --release --example linear_regression -- [--epochs N] [--quick]
-//!     [--plot memory.png] [--csv] [--json]
+//!     [--plot memory.png] [--csv] [--json] [--device cpu|gpu|gpu:N]
 //! ```
+//!
+//! `--device gpu` (a build with `--features gpu`) puts the data and the parameters on
+//! the first GPU: every step runs there, and the memory lines count that device's
+//! live bytes.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use ndscope::{DType, GradientCollector, NDArray, NDManager, NDScope};
+use ndscope::{DType, Device, GradientCollector, NDArray, NDManager, NDScope};
 use std::time::Instant;
 
 const N: usize = 1000;
@@ -21,6 +25,7 @@ struct Args {
     plot: Option<String>,
     csv: bool,
     json: bool,
+    device: Device,
 }
 
 fn parse_args() -> Args {
@@ -30,6 +35,7 @@ fn parse_args() -> Args {
         plot: None,
         csv: false,
         json: false,
+        device: Device::Cpu,
     };
     let mut epochs_set = false;
     let mut it = std::env::args().skip(1);
@@ -43,9 +49,19 @@ fn parse_args() -> Args {
             "--plot" => a.plot = Some(it.next().expect("--plot FILE.png")),
             "--csv" => a.csv = true,
             "--json" => a.json = true,
+            "--device" => {
+                a.device = match it.next().as_deref() {
+                    Some("cpu") => Device::Cpu,
+                    Some("gpu") => Device::Gpu(0),
+                    Some(d) if d.starts_with("gpu:") => {
+                        Device::Gpu(d[4..].parse().expect("--device gpu:N"))
+                    }
+                    _ => panic!("--device cpu|gpu|gpu:N"),
+                }
+            }
             "-h" | "--help" => {
                 println!(
-                    "usage: linear_regression [--epochs N] [--quick] [--plot FILE.png] [--csv] [--json]"
+                    "usage: linear_regression [--epochs N] [--quick] [--plot FILE.png] [--csv] [--json] [--device cpu|gpu|gpu:N]"
                 );
                 std::process::exit(0);
             }
@@ -92,8 +108,8 @@ fn full_loss(x: NDArray, y: NDArray, w: NDArray, b: NDArray) -> f32 {
 
 fn train(scoped: bool, args: &Args) -> Report {
     ndscope::random::seed(42);
-    let data = NDManager::new();
-    let params = NDManager::new();
+    let on = |d| NDManager::try_new_on(d).unwrap_or_else(|e| panic!("--device {d}: {e}"));
+    let (data, params) = (on(args.device), on(args.device));
     let true_w = data.create(&[2.0f32, -3.4], [2, 1]);
     let x = data.random_normal(0.0, 1.0, [N, 2], DType::F32);
     let y = x.matmul(true_w) + 4.2 + data.random_normal(0.0, 0.01, [N, 1], DType::F32);
@@ -140,9 +156,9 @@ fn train(scoped: bool, args: &Args) -> Report {
         train_time += t0.elapsed().as_secs_f64();
         loss = full_loss(x, y, w, b);
         drop(scope);
-        let m = ndscope::memory();
-        live_arrays.push(m.live_arrays);
-        live_bytes.push(m.live_bytes);
+        // Arrays are counted per process; bytes on the device that trains.
+        live_arrays.push(ndscope::memory().live_arrays);
+        live_bytes.push(ndscope::memory_on(args.device).live_bytes);
         bar.set_message(format!("loss {loss:.3e}"));
         bar.inc(1);
     }
@@ -271,6 +287,7 @@ fn main() {
             }
         }
     } else {
+        println!("device: {}", args.device);
         for r in &reports {
             println!("== {}", r.name);
             println!(

@@ -109,6 +109,8 @@ impl fmt::Display for CloseReason {
 pub struct ClosedInfo {
     /// The array as it was.
     pub array: ArrayDesc,
+    /// The device its data lived on.
+    pub device: crate::Device,
     /// Where the freeing call was made; `None` when a scope guard was dropped (drop
     /// glue has no caller location: the reason then names the scope's opening line)
     /// and when an async task's scope closed (the reason names its `scope_async` line).
@@ -123,17 +125,17 @@ pub struct ClosedInfo {
 
 impl fmt::Display for ClosedInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.array)?;
+        if self.device != crate::Device::Cpu {
+            write!(f, " on {}", self.device)?;
+        }
         match self.closed_at {
-            Some(at) => write!(f, "{} was closed at {at} by {}", self.array, self.reason)?,
+            Some(at) => write!(f, " was closed at {at} by {}", self.reason)?,
             // A task's scope closes when its future ends, not through a guard.
             None if matches!(self.reason, CloseReason::TaskScopeClose { .. }) => {
-                write!(f, "{} was closed by {}", self.array, self.reason)?
+                write!(f, " was closed by {}", self.reason)?
             }
-            None => write!(
-                f,
-                "{} was closed by {} (guard dropped)",
-                self.array, self.reason
-            )?,
+            None => write!(f, " was closed by {} (guard dropped)", self.reason)?,
         }
         match (&self.created_backtrace, &self.closed_backtrace) {
             (None, None) => write!(

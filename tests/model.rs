@@ -28,12 +28,18 @@
 //!
 //! Cases: `NDSCOPE_MODEL_CASES` (default 1200, under a minute in a debug build);
 //! steps per case: up to `NDSCOPE_MODEL_STEPS` (default 120).
+//!
+//! Devices: `NDSCOPE_MODEL_DEVICE=gpu` (a build with `--features gpu`) puts the root
+//! manager, and so every array the model creates, on the first GPU, and checks that
+//! device's live arrays, buffers and bytes (`memory_on`) after every step as well: the
+//! same rules hold for device memory, exactly.
 
 mod common;
 
 use common::{bindex, broadcast, counters, env_or, expect_panic, open_scope, tidy};
 use ndscope::{
-    CloseReason, DType, GradientCollector, NDArray, NDManager, NDScope, NdError, SourceLocation,
+    CloseReason, DType, Device, GradientCollector, NDArray, NDManager, NDScope, NdError,
+    SourceLocation, memory_on,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -251,11 +257,32 @@ struct Model {
     /// Process-wide (arrays, buffers, bytes) before the case.
     base: (usize, usize, usize),
     base_sys: HashSet<NDArray>,
+    /// Where the model's arrays live, and that device's counters at the start.
+    device: Device,
+    base_device: (usize, usize, usize),
+}
+
+/// The device the model's arrays live on (`NDSCOPE_MODEL_DEVICE`: `cpu`, the default,
+/// or `gpu`, the first GPU).
+fn model_device() -> Device {
+    match std::env::var("NDSCOPE_MODEL_DEVICE").as_deref() {
+        Ok("gpu") => Device::Gpu(0),
+        Ok("cpu") | Err(_) => Device::Cpu,
+        Ok(other) => panic!("NDSCOPE_MODEL_DEVICE={other}: expected cpu or gpu"),
+    }
+}
+
+/// (live arrays, live buffers, live bytes) on `d`.
+fn device_counters(d: Device) -> (usize, usize, usize) {
+    let s = memory_on(d);
+    (s.live_arrays, s.live_buffers, s.live_bytes)
 }
 
 impl Model {
     fn new() -> Model {
-        let root = NDManager::new();
+        let device = model_device();
+        let root = NDManager::try_new_on(device).expect("NDSCOPE_MODEL_DEVICE's device");
+        assert_eq!(root.device(), device);
         let sys = NDManager::system();
         let base_sys = sys.arrays().into_iter().collect();
         Model {
@@ -285,6 +312,8 @@ impl Model {
             bulk: None,
             base: counters(),
             base_sys,
+            device,
+            base_device: device_counters(device),
         }
     }
 
@@ -601,6 +630,16 @@ impl Model {
         let (ba, bb, bn) = self.base;
         let (sa, sb, sn) = stats[SYS];
         assert_eq!(counters(), (ba + sa, bb + sb, bn + sn), "process counters");
+        if self.device != Device::Cpu {
+            // Every array the model made lives on the device.
+            let (da, db, dn) = self.base_device;
+            assert_eq!(
+                device_counters(self.device),
+                (da + sa, db + sb, dn + sn),
+                "{} counters",
+                self.device
+            );
+        }
         // Scopes: registrations.
         for (pos, (s, sid)) in self.stack.iter().enumerate() {
             assert!(s.is_open(), "scope at depth {pos}");

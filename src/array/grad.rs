@@ -47,8 +47,9 @@ pub(crate) fn unbroadcast(g: NDArray, shape: &Shape) -> Result<NDArray> {
 
 /// A 0-d zero of `g`'s dtype (for `where_`).
 pub(crate) fn zero_like(g: NDArray) -> Result<NDArray> {
-    g.try_manager()?
-        .try_zeros(Shape(Dims::new()), g.try_dtype()?)
+    let at = std::panic::Location::caller();
+    let id = crate::engine::full_beside(g.id, Shape(Dims::new()), 0.0, g.try_dtype()?, at)?;
+    Ok(NDArray { id })
 }
 
 /// Masked gradient: `g` where `mask`, else 0.

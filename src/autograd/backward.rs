@@ -4,9 +4,9 @@
 //! adds them into the parameters' gradients in place.
 
 use super::{BackwardCtx, Base, Env, LEAF, LazyGrad, LazyGrads, NO_SLOT, Node, Tape};
+use crate::NDArray;
 use crate::engine::{self, ArrayId};
 use crate::error::{NdError, Result};
-use crate::{NDArray, NDManager};
 use smallvec::SmallVec;
 
 /// Run backward over `tape`'s nodes from `loss`, adding into the parameters'
@@ -23,11 +23,8 @@ pub(super) fn run(tape: &mut Tape, loss: NDArray) -> Result<()> {
 /// [`run`] with `slots` (empty) as the scratch for the gradients.
 fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<LazyGrad>>) -> Result<()> {
     let nodes = &tape.nodes;
-    let (shape, dtype, manager, loss_is_param) = engine::loss_info(loss.id)?;
-    let env = Env {
-        manager: NDManager { id: manager },
-        dtype,
-    };
+    let (shape, dtype, loss_is_param) = engine::loss_info(loss.id)?;
+    let env = Env { loss, dtype };
     let seed = LazyGrad {
         base: Base::Ones(shape),
         scale: 1.0,

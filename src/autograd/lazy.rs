@@ -6,7 +6,7 @@
 //! broadcast gradient is summed inside the kernel that adds it in.
 
 use crate::error::Result;
-use crate::{DType, NDArray, NDManager, Shape};
+use crate::{DType, NDArray, Shape};
 
 /// A gradient flowing backward, kept as `scale * base` so that scalar factors
 /// (`x / 2`, `mean`, `square`'s 2, `neg`) and the all-ones seed cost no op until a
@@ -34,9 +34,10 @@ pub(crate) enum Base {
     Unreduced(NDArray, Shape),
 }
 
-/// Where [`LazyGrad::array`] creates the arrays of [`Base::Ones`]: the loss's manager and dtype.
+/// Where [`LazyGrad::array`] creates the arrays of [`Base::Ones`]: beside the loss (its
+/// manager and device), in its dtype.
 pub(crate) struct Env {
-    pub(super) manager: NDManager,
+    pub(super) loss: NDArray,
     pub(super) dtype: DType,
 }
 
@@ -66,7 +67,11 @@ impl LazyGrad {
     pub(crate) fn array(self, env: &Env) -> Result<NDArray> {
         let g = self.settle()?;
         match g.base {
-            Base::Ones(shape) => env.manager.try_full(shape, g.scale, env.dtype),
+            Base::Ones(shape) => {
+                let at = std::panic::Location::caller();
+                let id = crate::engine::full_beside(env.loss.id, shape, g.scale, env.dtype, at)?;
+                Ok(NDArray { id })
+            }
             Base::Arr(a) if g.scale == 1.0 => Ok(a),
             Base::Arr(a) => a.try_mul(g.scale),
             Base::Unreduced(..) => unreachable!("settled"),

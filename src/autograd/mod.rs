@@ -661,7 +661,11 @@ impl NDArray {
                             array: engine::desc(self.id)?,
                         });
                     }
-                    let grad = self.try_manager()?.try_zeros(shape, dtype)?;
+                    // Beside the parameter: on its device, owned by its manager.
+                    let at = std::panic::Location::caller();
+                    let grad = NDArray {
+                        id: engine::full_beside(self.id, shape, 0.0, dtype, at)?,
+                    };
                     grad.keep();
                     // Atomic: a racing call's gradient wins and this one is freed.
                     engine::install_grad(self.id, grad.id)?;

@@ -83,11 +83,11 @@ pub fn memory() -> MemoryStats {
     }
 }
 
-/// The memory counters of one device: its live buffers and bytes, its peak, and the
-/// bytes its caching pool holds. `memory()` totals every device's live arrays, buffers
-/// and bytes; in a build without a GPU backend every array is on the CPU, so a GPU (or
-/// a device not found) has zeros. Arrays are counted per process, not per device:
-/// `live_arrays` of a GPU is 0 and the CPU's counts every device's arrays.
+/// The memory counters of one device: its live arrays, buffers and bytes, its peak,
+/// and the bytes its caching pool holds. `memory()` totals every device's live arrays,
+/// buffers and bytes; in a build without a GPU backend every array is on the CPU, so a
+/// GPU (or a device not found) has zeros. (A 17th GPU and later ones count their
+/// arrays with the CPU's; their bytes are their own.)
 ///
 /// ```
 /// use ndscope::{Device, memory, memory_on};
@@ -104,6 +104,7 @@ pub fn memory_on(device: Device) -> MemoryStats {
             let all = memory();
             let gpus = gpu_totals();
             MemoryStats {
+                live_arrays: all.live_arrays - engine::gpu_arrays(None),
                 live_buffers: all.live_buffers - gpus.live_buffers,
                 live_bytes: all.live_bytes - gpus.live_bytes,
                 ..all
@@ -113,6 +114,7 @@ pub fn memory_on(device: Device) -> MemoryStats {
         Device::Gpu(n) => {
             let s = crate::backend::wgpu::stats(n);
             MemoryStats {
+                live_arrays: engine::gpu_arrays(Some(n)),
                 live_buffers: s.live_buffers,
                 live_bytes: s.live_bytes,
                 peak_bytes: s.peak_bytes,

@@ -9,9 +9,9 @@ use super::records::{ArrayRec, BufMeta, Cause, ColdRec, ScopeRec, Store};
 use super::shard::{CURRENT_SCOPE, Ctx, Shard, Shards, add};
 use super::slab::{ArrayId, BufId, BufferK, MgrId, ScopeId, ScopeK, Slab};
 use super::{Layout, Storage};
-use crate::DType;
 use crate::config;
 use crate::error::{Result, SourceLocation};
+use crate::{DType, Device};
 use smallvec::SmallVec;
 use std::sync::Arc;
 
@@ -221,6 +221,14 @@ impl Ctx {
     ) -> Result<ArrayId> {
         let sh = self.sh(s);
         let mgr_pos = sh.accepts(mgr)?.arrays.len() as u32;
+        #[cfg(feature = "gpu")]
+        super::devices::count_array(
+            match &data {
+                Data::New(buf) => buf.device(),
+                Data::Share(b) => sh.buffers.get(*b).map_or(Device::Cpu, |m| m.buf.device()),
+            },
+            1,
+        );
         let (store, new_bytes, shared) = match data {
             // A new buffer stays in its array's record until something shares it.
             Data::New(buf) => {
@@ -401,10 +409,28 @@ impl Ctx {
         cause: Cause,
     ) -> bool {
         let s = id.shard;
-        let Shard { arrays, graves, .. } = self.sh(s);
+        let Shard {
+            arrays,
+            graves,
+            buffers,
+            ..
+        } = self.sh(s);
         let Some(r) = arrays.get_mut(id) else {
             return false;
         };
+        // (Without a GPU backend every array is on the CPU: no lookup.)
+        #[cfg(not(feature = "gpu"))]
+        let _ = buffers;
+        #[cfg(feature = "gpu")]
+        let device = match &r.store {
+            Store::Own(buf) => buf.device(),
+            Store::Shared(b) => buffers.get(*b).map_or(Device::Cpu, |m| m.buf.device()),
+        };
+        #[cfg(feature = "gpu")]
+        super::devices::count_array(device, -1);
+        #[cfg(not(feature = "gpu"))]
+        #[cfg_attr(feature = "untracked", allow(unused_variables))]
+        let device = Device::Cpu;
         // Read what outlives the record straight from it (a record-sized copy read
         // back right after it is written stalls the loads), write its tombstone
         // straight into the graveyard ring, then drop the record where it lies: an own
@@ -425,6 +451,7 @@ impl Ctx {
             created_at: r.created_at,
             closed_at: at,
             cause,
+            device,
         });
         #[cfg(feature = "untracked")]
         let _ = graves;

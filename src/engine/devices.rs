@@ -56,3 +56,43 @@ fn device_error(name: &'static str, ops: &[Operand<'_>]) -> NdError {
         },
     }
 }
+
+/// Live arrays per GPU (`Device::Gpu(n)` for `n` below [`COUNTED_GPUS`]), counted as
+/// arrays are registered and freed; the CPU's are the rest of the process's.
+#[cfg(feature = "gpu")]
+static GPU_ARRAYS: [std::sync::atomic::AtomicIsize; COUNTED_GPUS] =
+    [const { std::sync::atomic::AtomicIsize::new(0) }; COUNTED_GPUS];
+
+/// GPUs whose live arrays are counted one by one (a later one counts with the CPU's).
+#[cfg(feature = "gpu")]
+pub(crate) const COUNTED_GPUS: usize = 16;
+
+/// Count an array registered (`+1`) or freed (`-1`) whose data lives on `device`.
+#[cfg(feature = "gpu")]
+#[inline]
+pub(crate) fn count_array(device: Device, delta: isize) {
+    if let Device::Gpu(n) = device
+        && let Some(c) = GPU_ARRAYS.get(n)
+    {
+        c.fetch_add(delta, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Live arrays whose data lives on `Device::Gpu(n)` (`None`: on any GPU).
+pub(crate) fn gpu_arrays(n: Option<usize>) -> usize {
+    #[cfg(feature = "gpu")]
+    {
+        let live = |c: &std::sync::atomic::AtomicIsize| {
+            c.load(std::sync::atomic::Ordering::Relaxed).max(0) as usize
+        };
+        match n {
+            Some(n) => GPU_ARRAYS.get(n).map_or(0, live),
+            None => GPU_ARRAYS.iter().map(live).sum(),
+        }
+    }
+    #[cfg(not(feature = "gpu"))]
+    {
+        let _ = n;
+        0
+    }
+}

@@ -36,6 +36,7 @@ use std::sync::Arc;
 const OUTSIDE_LOCK_WORK: usize = 1 << 15;
 
 /// A resolved op input: read-only access to an array's data and metadata.
+#[derive(Clone, Copy)]
 pub(crate) struct Operand<'a> {
     buf: &'a Storage,
     pub layout: &'a Layout,
@@ -121,6 +122,18 @@ pub(crate) struct OperandMut<'a> {
 }
 
 impl OperandMut<'_> {
+    /// The target's GPU buffer and layout, if its data lives on a GPU.
+    #[cfg(feature = "gpu")]
+    pub(crate) fn gpu(&self) -> Option<crate::backend::wgpu::inplace::ViewMut<'_>> {
+        self.buf
+            .gpu()
+            .map(|buf| crate::backend::wgpu::inplace::ViewMut {
+                buf,
+                layout: &self.layout,
+                dtype: self.dtype,
+            })
+    }
+
     /// The target's data and layout at once (what [`StridedMut`] holds).
     pub(crate) fn split_mut<T: Native>(&mut self) -> (&mut [T], &Layout) {
         debug_assert_eq!(std::mem::size_of::<T>(), self.dtype.size_in_bytes());
@@ -638,10 +651,67 @@ pub(crate) fn create(
     )
 }
 
-/// Run an in-place op writing `target`, reading `inputs`.
+/// A new array of `shape` and `dtype` holding `value`, beside array `like`: on its
+/// device, owned by its manager, registered in the current scope (a parameter's
+/// gradient, a backward seed, a `*_like` constructor). Errors: `Closed` (`like`),
+/// `InvalidArgument` (a value an integer dtype cannot hold), the manager's.
+pub(crate) fn full_beside(
+    like: ArrayId,
+    shape: Shape,
+    value: f64,
+    dtype: DType,
+    at: SourceLocation,
+) -> Result<ArrayId> {
+    const OP: &str = "full_like";
+    run_op_on(OP, &[like], at, |o| {
+        let _ = o; // (read only with the `gpu` feature)
+        // Checked before anything is allocated, on any device.
+        #[cfg_attr(not(feature = "gpu"), allow(unused_variables))]
+        let v = dispatch!(dtype, T => cpu::copy::fill_value::<T>(OP, value, dtype)?.to_f64());
+        #[cfg(feature = "gpu")]
+        if let Some(g) = o[0].gpu() {
+            let buf = crate::backend::wgpu::inplace::filled(OP, g.buf.ctx(), &shape, dtype, v)?;
+            return Ok(Output::Stored {
+                buf: buf.into(),
+                shape,
+                dtype,
+            });
+        }
+        let buf = dispatch!(dtype, T => {
+            let v: T = cpu::copy::fill_value(OP, value, dtype)?;
+            cpu::new_overwritten::<T>(shape.size(), |out| out.fill(v))?
+        });
+        Ok(Output::New { buf, shape, dtype })
+    })
+}
+
+/// Run an in-place op writing `target`, reading `inputs`, with a CPU kernel: a target
+/// or an input on another device is `Unsupported` (or a `DeviceMismatch`).
 pub(crate) fn run_inplace(
     target: ArrayId,
     inputs: &[ArrayId],
+    f: impl FnOnce(OperandMut<'_>, &[Operand<'_>]) -> Result<()>,
+) -> Result<()> {
+    run_inplace_inner("in-place update", target, inputs, false, f)
+}
+
+/// [`run_inplace`] for an in-place op `name` with kernels on more than one device: `f`
+/// also sees a target and inputs on one GPU (`OperandMut::gpu`) and branches on it.
+/// Inputs on another device than the target's are a `DeviceMismatch`, nothing written.
+pub(crate) fn run_inplace_on(
+    name: &'static str,
+    target: ArrayId,
+    inputs: &[ArrayId],
+    f: impl FnOnce(OperandMut<'_>, &[Operand<'_>]) -> Result<()>,
+) -> Result<()> {
+    run_inplace_inner(name, target, inputs, cfg!(feature = "gpu"), f)
+}
+
+fn run_inplace_inner(
+    name: &'static str,
+    target: ArrayId,
+    inputs: &[ArrayId],
+    any_device: bool,
     f: impl FnOnce(OperandMut<'_>, &[Operand<'_>]) -> Result<()>,
 ) -> Result<()> {
     // The shards of the target and the inputs, and every shard that reads the target's
@@ -695,25 +765,21 @@ pub(crate) fn run_inplace(
     for &id in inputs {
         ops.push(ctx.operand(id)?);
     }
-    // In-place kernels are the CPU's: a target or an input elsewhere is refused.
-    if let Some(device) = std::iter::once(tbuf.device())
-        .chain(ops.iter().map(Operand::device))
-        .find(|&d| d != Device::Cpu)
-    {
-        return Err(NdError::Unsupported {
-            op: "in-place update",
-            device,
-        });
+    // The target first: a device check names it and its device.
+    let mut all = SmallVec::<[Operand<'_>; 3]>::new();
+    all.push(Operand::of(target, r, tbuf));
+    all.extend(ops.iter().copied());
+    if any_device {
+        on_one_device(name, &all)?;
+    } else {
+        on_host(name, &all)?;
     }
+    drop(all);
     let aliases = |o: &Operand<'_>| o.buf.addr() == tbuf.addr() && o.buf.bytes() != 0;
     if ops.iter().any(aliases) {
         copies = ops
             .iter()
-            .map(|o| {
-                aliases(o)
-                    .then(|| materialize(o).map(|(b, l)| (Storage::from(b), l)))
-                    .transpose()
-            })
+            .map(|o| aliases(o).then(|| copy_out(o)).transpose())
             .collect::<Result<_>>()?;
         for (o, c) in ops.iter_mut().zip(&copies) {
             if let Some((b, l)) = c {
@@ -730,6 +796,17 @@ pub(crate) fn run_inplace(
         created_at: r.created_at,
     };
     f(t, &ops)
+}
+
+/// A contiguous copy of an input that shares an in-place target's buffer, on the
+/// input's device.
+fn copy_out(o: &Operand<'_>) -> Result<(Storage, Layout)> {
+    #[cfg(feature = "gpu")]
+    if let Some(g) = o.gpu() {
+        let buf = crate::backend::wgpu::kernels::convert("in-place update", g, o.dtype)?;
+        return Ok((buf.into(), Layout::contiguous(o.layout.shape.clone())));
+    }
+    materialize(o).map(|(b, l)| (Storage::from(b), l))
 }
 
 /// Read an array under the locks of its shard and its buffer's.

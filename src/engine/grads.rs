@@ -3,7 +3,7 @@
 
 use super::exec::lock_arrays;
 use super::shard::{Ctx, my_shard};
-use super::slab::{ArrayId, MgrId};
+use super::slab::ArrayId;
 use super::{Cause, Layout, Storage, lock_for_free, lock_record, records};
 use crate::backend::cpu;
 use crate::dtype::{dispatch, dispatch_float};
@@ -214,7 +214,7 @@ pub(crate) fn add_into(
     sum: bool,
 ) -> Result<()> {
     let vs: smallvec::SmallVec<[ArrayId; 1]> = v.into_iter().collect();
-    super::run_inplace(pg, &vs, |mut t, o| {
+    super::run_inplace_on(op, pg, &vs, |mut t, o| {
         let v = o.first();
         if let Some(b) = v {
             if t.dtype != b.dtype {
@@ -234,6 +234,40 @@ pub(crate) fn add_into(
                 });
             }
         }
+        #[cfg(feature = "gpu")]
+        if let Some(g) = t.gpu() {
+            if !t.dtype.is_float() {
+                return Err(NdError::UnsupportedDType {
+                    op,
+                    dtype: t.dtype,
+                    array: t.desc(),
+                });
+            }
+            // A value to be summed down to the gradient's shape is summed first (a
+            // reduction kernel), then added in.
+            use crate::backend::wgpu::{inplace, kernels};
+            return match v.and_then(|o| o.gpu()) {
+                Some(x) if sum && x.layout.shape != t.layout.shape => {
+                    let ts = t.layout.shape.clone();
+                    // The added leading axes and the stretched ones; the sum has
+                    // the gradient's elements in its order (only size-1 axes differ).
+                    let (xd, td) = (x.layout.shape.dims(), ts.dims());
+                    let lead = xd.len() - td.len();
+                    let axes: Vec<usize> = (0..xd.len())
+                        .filter(|&d| d < lead || (td[d - lead] == 1 && xd[d] != 1))
+                        .collect();
+                    let red = kernels::reduce(op, kernels::Reduce::Sum, x, &axes)?;
+                    let l = Layout::contiguous(ts);
+                    let view = kernels::View {
+                        buf: &red,
+                        layout: &l,
+                        dtype: x.dtype,
+                    };
+                    inplace::add_scaled(op, g, Some(view), scale)
+                }
+                x => inplace::add_scaled(op, g, x, scale),
+            };
+        }
         dispatch_float!(t.dtype, T => {
             let v = v.map(cpu::Strided::<T>::from);
             cpu::grad::add_into::<T>((&mut t).into(), v, scale, sum);
@@ -244,7 +278,11 @@ pub(crate) fn add_into(
 
 /// Set every element of `id` to zero in place.
 pub(crate) fn zero_fill(id: ArrayId) -> Result<()> {
-    super::run_inplace(id, &[], |mut t, _| {
+    super::run_inplace_on("zero_grad", id, &[], |mut t, _| {
+        #[cfg(feature = "gpu")]
+        if let Some(g) = t.gpu() {
+            return crate::backend::wgpu::inplace::fill("zero_grad", g, 0.0);
+        }
         dispatch!(t.dtype, T => cpu::assign_unary::<T>(&mut t, |_| <T as crate::dtype::Native>::ZERO));
         Ok(())
     })
@@ -293,12 +331,12 @@ pub(crate) fn tape_info(inputs: &[ArrayId], output: ArrayId, tracked: u8) -> Opt
     })
 }
 
-/// `id`'s shape, dtype and manager, and whether it is a parameter, under one lock (the
+/// `id`'s shape and dtype, and whether it is a parameter, under one lock (the
 /// loss of a backward pass).
-pub(crate) fn loss_info(id: ArrayId) -> Result<(Shape, DType, MgrId, bool)> {
+pub(crate) fn loss_info(id: ArrayId) -> Result<(Shape, DType, bool)> {
     let ctx = lock_record(id);
     let r = ctx.array(id)?;
-    Ok((r.layout.shape.clone(), r.dtype, r.manager, r.grad.is_some()))
+    Ok((r.layout.shape.clone(), r.dtype, r.grad.is_some()))
 }
 
 /// Whether `id` was created on this thread (a parameter its collectors zero when

@@ -72,10 +72,10 @@ mod tasks;
 pub(crate) use crate::backend::cpu::Buffer;
 pub(crate) use crate::layout::Layout;
 pub use count_alloc::CountingAllocator;
-pub(crate) use devices::device_of;
+pub(crate) use devices::{device_of, gpu_arrays};
 pub(crate) use exec::{
-    Operand, OperandMut, Output, create, materialize, read, run_inplace, run_op, run_op_on,
-    unsupported,
+    Operand, OperandMut, Output, create, full_beside, materialize, read, run_inplace,
+    run_inplace_on, run_op, run_op_on, unsupported,
 };
 pub(crate) use grads::{
     TapeInfo, add_into, add_to_grads, drop_grad, grad, hold_all, install_grad, is_mine, is_param,

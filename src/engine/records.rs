@@ -233,6 +233,8 @@ pub(crate) struct Tomb {
     pub created_at: SourceLocation,
     pub closed_at: Option<SourceLocation>,
     pub cause: Cause,
+    /// Where its data lived.
+    pub device: crate::Device,
 }
 
 impl Shard {
@@ -302,6 +304,7 @@ impl Shard {
                 created_at: t.created_at,
             },
             closed_at: t.closed_at,
+            device: t.device,
             reason,
             created_backtrace,
             closed_backtrace,

@@ -250,8 +250,26 @@ pub(crate) fn comparison(x: NDArray, op: CmpOp, rhs: Rhs, at: SourceLocation) ->
                 dtype: DType::Bool,
             })
         })?,
-        Rhs::Scalar(s) => engine::run_op(name, &[x.id], at, |o| {
+        Rhs::Scalar(s) => engine::run_op_on(name, &[x.id], at, |o| {
             let a = &o[0];
+            #[cfg(feature = "gpu")]
+            if let Some(ga) = a.gpu() {
+                // The same rule as below, where the device can keep it exactly: a float
+                // array takes the scalar in its dtype, an I32 array an integer in range.
+                let bits = match (a.dtype, s) {
+                    (DType::F32, s) => Some((autograd::scalar_f64(s) as f32).to_bits()),
+                    (DType::I32, ScalarValue::Int(v)) => i32::try_from(v).ok().map(|v| v as u32),
+                    _ => None,
+                };
+                let Some(bits) = bits else {
+                    return Err(NdError::Unsupported {
+                        op: name,
+                        device: a.device(),
+                    });
+                };
+                let buf = crate::backend::wgpu::kernels::compare_scalar(op, ga, bits)?;
+                return Ok(gpu_out(buf, a.shape().clone(), DType::Bool));
+            }
             // Float arrays take the scalar in their dtype. Integer and Bool arrays
             // compare as numbers (false = 0, true = 1), as numpy does: the scalar is
             // not first truncated, wrapped or cast to Bool (`[0u8].lt(-3)` is false,
@@ -348,7 +366,7 @@ pub(crate) fn binary_inplace(x: NDArray, op: BinOp, rhs: Rhs) -> Result<()> {
         autograd::check_inplace_source(name, x.id, y.id)?;
     }
     match rhs {
-        Rhs::Array(y) => engine::run_inplace(x.id, &[y.id], |mut t, o| {
+        Rhs::Array(y) => engine::run_inplace_on(name, x.id, &[y.id], |mut t, o| {
             let b = &o[0];
             if t.dtype != b.dtype {
                 return Err(NdError::DTypeMismatch {
@@ -371,17 +389,25 @@ pub(crate) fn binary_inplace(x: NDArray, op: BinOp, rhs: Rhs) -> Result<()> {
                     rhs: b.desc(),
                 });
             }
+            #[cfg(feature = "gpu")]
+            if let Some(g) = t.gpu() {
+                return crate::backend::wgpu::inplace::binary(op, g, b.gpu(), 0.0);
+            }
             dispatch!(t.dtype, T => per_binop!(op, O =>
                 cpu::assign_binary::<T>(&mut t, b, |p, q| arith(O, p, q))));
             Ok(())
         }),
-        Rhs::Scalar(s) => engine::run_inplace(x.id, &[], |mut t, _| {
+        Rhs::Scalar(s) => engine::run_inplace_on(name, x.id, &[], |mut t, _| {
             if t.dtype == DType::Bool {
                 return Err(NdError::UnsupportedDType {
                     op: name,
                     dtype: t.dtype,
                     array: t.desc(),
                 });
+            }
+            #[cfg(feature = "gpu")]
+            if let Some(g) = t.gpu() {
+                return crate::backend::wgpu::inplace::binary(op, g, None, autograd::scalar_f64(s));
             }
             dispatch!(t.dtype, T => {
                 let s: T = s.cast();

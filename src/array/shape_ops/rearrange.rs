@@ -442,20 +442,8 @@ impl Backward for TriRule {
 }
 
 fn full_like(x: NDArray, value: f64, at: SourceLocation) -> Result<NDArray> {
-    const OP: &str = "full_like";
-    let id = engine::run_op(OP, &[x.id], at, |o| {
-        let a = &o[0];
-        let n = a.layout.size();
-        let buf = dispatch!(a.dtype, T => {
-            let v: T = fill_value(OP, value, a.dtype)?;
-            new_overwritten::<T>(n, |out| out.fill(v))?
-        });
-        Ok(Output::New {
-            buf,
-            shape: a.shape().clone(),
-            dtype: a.dtype,
-        })
-    })?;
+    let (shape, dtype) = (x.try_shape()?, x.try_dtype()?);
+    let id = engine::full_beside(x.id, shape, value, dtype, at)?;
     Ok(NDArray { id })
 }
 

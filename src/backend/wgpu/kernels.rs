@@ -41,7 +41,8 @@ pub(crate) enum Reduce {
     Min,
 }
 
-fn wgsl_type(d: DType) -> &'static str {
+/// The WGSL type of `d`'s elements on the device.
+pub(crate) fn wgsl_type(d: DType) -> &'static str {
     match d {
         DType::F32 => "f32",
         DType::I32 => "i32",
@@ -195,8 +196,11 @@ pub(crate) fn launch(
 
 /// The WGSL of `op` over operands `x` and `y` in type `t`; `None` where the device has
 /// no kernel.
-fn binop_expr(op: BinOp, t: DType, x: &str, y: &str) -> Option<String> {
+pub(crate) fn binop_expr(op: BinOp, t: DType, x: &str, y: &str) -> Option<String> {
     let f32 = t == DType::F32;
+    if !numeric(t) {
+        return None;
+    }
     Some(match op {
         BinOp::Add => format!("{x} + {y}"),
         BinOp::Sub => format!("{x} - {y}"),
@@ -244,16 +248,20 @@ pub(crate) fn binary_scalar(op: BinOp, a: View<'_>, s: f64, left: bool) -> Resul
     elementwise(op.name(), &[a], &a.layout.shape, a.dtype, &expr, bits)
 }
 
-/// `a cmp b` to Bool, broadcast to `shape`.
-pub(crate) fn compare(op: CmpOp, a: View<'_>, b: View<'_>, shape: &Shape) -> Result<GpuBuffer> {
-    let sym = match op {
+fn cmp_symbol(op: CmpOp) -> &'static str {
+    match op {
         CmpOp::Eq => "==",
         CmpOp::Ne => "!=",
         CmpOp::Gt => ">",
         CmpOp::Ge => ">=",
         CmpOp::Lt => "<",
         CmpOp::Le => "<=",
-    };
+    }
+}
+
+/// `a cmp b` to Bool, broadcast to `shape`.
+pub(crate) fn compare(op: CmpOp, a: View<'_>, b: View<'_>, shape: &Shape) -> Result<GpuBuffer> {
+    let sym = cmp_symbol(op);
     elementwise(
         op.name(),
         &[a, b],
@@ -262,6 +270,13 @@ pub(crate) fn compare(op: CmpOp, a: View<'_>, b: View<'_>, shape: &Shape) -> Res
         &format!("u32(x {sym} y)"),
         0,
     )
+}
+
+/// `a cmp s` to Bool, `s` given as its bits in `a`'s type (the caller decides how the
+/// scalar converts; see the op's docs).
+pub(crate) fn compare_scalar(op: CmpOp, a: View<'_>, s_bits: u32) -> Result<GpuBuffer> {
+    let expr = format!("u32(x {} s)", cmp_symbol(op));
+    elementwise(op.name(), &[a], &a.layout.shape, DType::Bool, &expr, s_bits)
 }
 
 /// Elementwise math of `op`.

@@ -25,6 +25,7 @@
 //!
 //! This module knows nothing of records, managers or scopes: the engine calls it.
 
+pub(crate) mod inplace;
 pub(crate) mod kernels;
 
 use crate::DType;

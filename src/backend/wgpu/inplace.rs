@@ -1,0 +1,190 @@
+//! In-place updates on the device: `t = f(t, x, s)` over every element a target view
+//! selects, with `x` (optional) broadcast to the target's shape and `s` a scalar.
+//!
+//! One generated kernel serves every in-place op (`+=` and friends with an array or a
+//! scalar, a gradient's `g += scale * v`, filling with a value): the target is bound
+//! `read_write` and indexed through its own layout (a slice or a stepped view writes
+//! only its elements), the input is read through its layout. Parameters, as the
+//! elementwise kernels' ([`super::kernels`]), in `i32` words:
+//!
+//! ```text
+//! [n, ndim, off_t, off_x, shape[8], strides_t[8], strides_x[8], scalar]
+//! ```
+//!
+//! The input may not share the target's buffer (wgpu refuses a buffer bound for
+//! reading and writing in one dispatch): the engine copies such an input out first,
+//! as it does on the CPU.
+
+use super::GpuBuffer;
+use super::kernels::{MAX_DIMS, View, binop_expr, launch, wgsl_type};
+use crate::DType;
+use crate::error::{NdError, Result};
+use crate::layout::Layout;
+use crate::opkind::BinOp;
+
+/// The target of an in-place kernel: a device buffer written through a layout.
+pub(crate) struct ViewMut<'a> {
+    pub buf: &'a GpuBuffer,
+    pub layout: &'a Layout,
+    pub dtype: DType,
+}
+
+/// `t = expr` for every element of `t`, where `expr` reads `t` (the target's current
+/// value), `x` (the input's, when there is one) and `s` (the scalar whose bits are
+/// `scalar`, in the target's type). `op` names the caller in errors.
+pub(crate) fn assign(
+    op: &'static str,
+    t: ViewMut<'_>,
+    x: Option<View<'_>>,
+    expr: &str,
+    scalar: u32,
+) -> Result<()> {
+    let ctx = t.buf.ctx();
+    let shape = &t.layout.shape;
+    let nd = shape.ndim();
+    if nd > MAX_DIMS {
+        return Err(NdError::invalid(
+            op,
+            format!(
+                "{} supports at most {MAX_DIMS} dimensions, got {nd}",
+                ctx.device_id()
+            ),
+        ));
+    }
+    let n = shape.size();
+    if n == 0 {
+        return Ok(());
+    }
+    let mut prm = [0i32; 12 + 8 * 2 + 1];
+    prm[0] = n as i32;
+    prm[1] = nd as i32;
+    prm[2] = t.layout.offset as i32;
+    for (d, (&len, &st)) in shape.dims().iter().zip(&t.layout.strides).enumerate() {
+        prm[4 + d] = len as i32;
+        prm[12 + d] = st as i32;
+    }
+    if let Some(x) = &x {
+        prm[3] = x.layout.offset as i32;
+        for (d, &s) in x.layout.broadcast_strides(shape).iter().enumerate() {
+            prm[20 + d] = s as i32;
+        }
+    }
+    prm[28] = scalar as i32;
+    let ty = wgsl_type(t.dtype);
+    let xty = x.as_ref().map(|x| wgsl_type(x.dtype));
+    let key = format!("inplace {expr} {ty} {xty:?}");
+    let pipeline = ctx.pipeline(&key, || {
+        let mut src = String::from("@group(0) @binding(0) var<storage, read> prm: array<i32>;\n");
+        if let Some(xt) = xty {
+            src += &format!("@group(0) @binding(1) var<storage, read> inx: array<{xt}>;\n");
+        }
+        src += &format!(
+            "@group(0) @binding({}) var<storage, read_write> dst: array<{ty}>;\n",
+            1 + usize::from(xty.is_some())
+        );
+        src += "
+fn at(i: u32, k: u32) -> i32 {
+    let nd = u32(prm[1]);
+    var rem = i;
+    var idx = prm[2u + k];
+    for (var j = 0u; j < nd; j++) {
+        let d = nd - 1u - j;
+        let s = u32(prm[4u + d]);
+        idx += i32(rem % s) * prm[12u + 8u * k + d];
+        rem = rem / s;
+    }
+    return idx;
+}
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w: vec3<u32>) {
+    let i = g.x + g.y * w.x * 256u;
+    if (i >= u32(prm[0])) { return; }
+";
+        src += &format!(
+            "    let s = bitcast<{ty}>(prm[28]);\n    let ti = at(i, 0u);\n    let t = dst[ti];\n"
+        );
+        if xty.is_some() {
+            src += "    let x = inx[at(i, 1u)];\n";
+        }
+        src += &format!("    dst[ti] = {expr};\n}}\n");
+        src
+    });
+    let prm: Vec<u32> = prm.iter().map(|&w| w as u32).collect();
+    let groups = n.div_ceil(256);
+    let gx = groups.min(65_535);
+    let grid = (gx as u32, groups.div_ceil(gx) as u32, 1);
+    match &x {
+        Some(x) => launch(ctx, pipeline, &prm, &[x.buf], &[t.buf], grid),
+        None => launch(ctx, pipeline, &prm, &[], &[t.buf], grid),
+    }
+    Ok(())
+}
+
+/// The bits of `v` in `dtype` on the device (a kernel's scalar word).
+pub(crate) fn scalar_bits(v: f64, dtype: DType) -> u32 {
+    match dtype {
+        DType::F32 => (v as f32).to_bits(),
+        DType::I32 => (v as i32) as u32,
+        DType::U8 => u32::from(v as u8),
+        DType::Bool => u32::from(v != 0.0),
+        DType::F64 | DType::I64 => 0, // no such buffers: `elem_bytes` refuses them
+    }
+}
+
+/// `t = t op x` (`x` broadcast to `t`'s shape), or `t = t op s` without `x`.
+pub(crate) fn binary(op: BinOp, t: ViewMut<'_>, x: Option<View<'_>>, s: f64) -> Result<()> {
+    let y = if x.is_some() { "x" } else { "s" };
+    let Some(expr) = binop_expr(op, t.dtype, "t", y) else {
+        return Err(NdError::Unsupported {
+            op: op.name(),
+            device: t.buf.device(),
+        });
+    };
+    let bits = scalar_bits(s, t.dtype);
+    assign(op.name(), t, x, &expr, bits)
+}
+
+/// `t += scale * x` (`x` broadcast to `t`'s shape), or `t += scale` without `x`: a
+/// gradient's accumulation.
+pub(crate) fn add_scaled(
+    op: &'static str,
+    t: ViewMut<'_>,
+    x: Option<View<'_>>,
+    scale: f64,
+) -> Result<()> {
+    let expr = if x.is_some() { "t + s * x" } else { "t + s" };
+    let bits = scalar_bits(scale, t.dtype);
+    assign(op, t, x, expr, bits)
+}
+
+/// `t = v` for every element of `t`.
+pub(crate) fn fill(op: &'static str, t: ViewMut<'_>, v: f64) -> Result<()> {
+    let bits = scalar_bits(v, t.dtype);
+    assign(op, t, None, "s", bits)
+}
+
+/// A new buffer of `shape`'s elements of `dtype`, each `v`.
+pub(crate) fn filled(
+    op: &'static str,
+    ctx: &'static super::Ctx,
+    shape: &crate::Shape,
+    dtype: DType,
+    v: f64,
+) -> Result<GpuBuffer> {
+    let eb = super::elem_bytes(dtype).ok_or(NdError::Unsupported {
+        op,
+        device: ctx.device_id(),
+    })?;
+    let buf = ctx.alloc((shape.size() * eb) as u64)?;
+    let layout = Layout::contiguous(shape.clone());
+    fill(
+        op,
+        ViewMut {
+            buf: &buf,
+            layout: &layout,
+            dtype,
+        },
+        v,
+    )?;
+    Ok(buf)
+}

@@ -1,0 +1,273 @@
+//! Autograd and in-place updates on a GPU (feature `gpu`): gradients computed and
+//! accumulated on the device match the CPU's, in-place ops write device arrays
+//! (through views, with aliasing inputs), a few SGD steps on the device land where the
+//! CPU's land, and scopes give device memory back.
+//!
+//! Needs an adapter (Mesa's "llvmpipe" stands in); without one the tests skip, unless
+//! `NDSCOPE_REQUIRE_GPU=1`, which makes them fail (CI sets it).
+#![cfg(feature = "gpu")]
+
+use ndscope::{DType, Device, GradientCollector, NDArray, NDManager, NDScope, devices, memory_on};
+use std::sync::Mutex;
+
+/// GPU tests share one device's counters: they run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn gpu() -> Option<Device> {
+    let found = devices().into_iter().find(|d| d.device != Device::Cpu);
+    match found {
+        Some(d) => Some(d.device),
+        None if std::env::var("NDSCOPE_REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!("NDSCOPE_REQUIRE_GPU=1 but no GPU adapter was found")
+        }
+        None => {
+            eprintln!("no GPU adapter: skipped");
+            None
+        }
+    }
+}
+
+fn vals(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % 2001) as f32 / 500.0 - 2.0
+        })
+        .collect()
+}
+
+fn close(what: &str, got: NDArray, want: NDArray, rel: f32) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+    for (i, (g, w)) in g.iter().zip(&w).enumerate() {
+        assert!(
+            (g - w).abs() <= rel * (1.0 + w.abs()),
+            "{what}[{i}]: gpu {g}, cpu {w}"
+        );
+    }
+}
+
+#[test]
+fn in_place_ops_write_device_arrays() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let (cm, gm) = (NDManager::new(), NDManager::new_on(d));
+    let a = vals(24, 1);
+    let b = vals(6, 2);
+    let (ca, ga) = (cm.create(&a, [4, 6]), gm.create(&a, [4, 6]));
+    let (cb, gb) = (cm.create(&b, [6]), gm.create(&b, [6]));
+    for (x, y) in [(ca, cb), (ga, gb)] {
+        x.try_addi(y).unwrap(); // broadcast row
+        x.try_muli(0.5).unwrap(); // scalar
+        x.get("1:4:2, ::-2").try_subi(3.0).unwrap(); // a stepped, reversed view
+        x.try_addi(x).unwrap(); // an input that is the target: copied out first
+        x.get("0").try_divi(x.get("3")).unwrap(); // views of one buffer
+    }
+    assert_eq!(ga.device(), d);
+    close("in place", ga, ca, 1e-5);
+    // Integers too, exactly.
+    let ci = cm.arange(0.0, 12.0, 1.0, DType::I32).reshape([3, 4]);
+    let gi = ci.to_device(d);
+    for x in [ci, gi] {
+        x.try_addi(x.get(":, 1:2")).unwrap();
+        x.try_muli(3.0).unwrap();
+    }
+    assert_eq!(gi.to_vec::<i32>().unwrap(), ci.to_vec::<i32>().unwrap());
+    // Devices do not mix in place either, and nothing is written.
+    let e = ga.try_addi(cb).unwrap_err();
+    assert!(matches!(e, ndscope::NdError::DeviceMismatch { .. }), "{e}");
+    close("after refusal", ga, ca, 1e-5);
+    gm.close();
+    cm.close();
+}
+
+/// The gradients of `loss(params, data)` for the same values on the CPU and the GPU.
+fn grads_match(
+    what: &str,
+    d: Device,
+    params: &[(Vec<f32>, Vec<usize>)],
+    data: &[(Vec<f32>, Vec<usize>)],
+    loss: impl Fn(&[NDArray], &[NDArray]) -> NDArray,
+) {
+    let mut out = Vec::new();
+    for dev in [Device::Cpu, d] {
+        let m = NDManager::new_on(dev);
+        let ps: Vec<NDArray> = params
+            .iter()
+            .map(|(v, s)| {
+                let p = m.create(v, s.as_slice());
+                p.set_requires_gradient(true);
+                p
+            })
+            .collect();
+        let xs: Vec<NDArray> = data
+            .iter()
+            .map(|(v, s)| m.create(v, s.as_slice()))
+            .collect();
+        // Twice, so the second pass also proves the gradients were zeroed on the device.
+        for _ in 0..2 {
+            let gc = GradientCollector::new();
+            gc.backward(loss(&ps, &xs)).unwrap();
+        }
+        let gs: Vec<NDArray> = ps
+            .iter()
+            .map(|p| {
+                assert_eq!(p.gradient().device(), dev, "{what}: gradient's device");
+                p.gradient().to_device(Device::Cpu)
+            })
+            .collect();
+        out.push((m, gs));
+    }
+    for (i, (c, g)) in out[0].1.iter().zip(&out[1].1).enumerate() {
+        close(&format!("{what}: gradient {i}"), *g, *c, 1e-4);
+    }
+    for (m, _) in out {
+        m.close();
+    }
+}
+
+#[test]
+fn linear_regression_gradients_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    grads_match(
+        "linreg",
+        d,
+        &[(vals(2, 3), vec![2, 1]), (vec![0.5], vec![1])],
+        &[(vals(40, 4), vec![20, 2]), (vals(20, 5), vec![20, 1])],
+        |p, x| {
+            let err = x[0].matmul(p[0]) + p[1] - x[1];
+            (err * err).sum() / 20.0
+        },
+    );
+}
+
+#[test]
+fn mlp_gradients_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    grads_match(
+        "mlp",
+        d,
+        &[
+            (vals(8 * 16, 6), vec![8, 16]),
+            (vals(16, 7), vec![16]),
+            (vals(16 * 3, 8), vec![16, 3]),
+            (vals(3, 9), vec![3]),
+        ],
+        &[(vals(10 * 8, 10), vec![10, 8]), (vals(30, 11), vec![10, 3])],
+        |p, x| {
+            let h = (x[0].matmul(p[0]) + p[1]).sigmoid();
+            let o = h.matmul(p[2]) + p[3];
+            let e = (o - x[1]).tanh();
+            (e * e).mean() + p[0].square().sum() * 0.01
+        },
+    );
+}
+
+#[test]
+fn a_parameter_moved_to_the_device_gets_its_gradient_there() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new();
+    let p = m.create(&[1.0f32, 2.0], [2]).to_device(d);
+    p.set_requires_gradient(true);
+    assert_eq!(p.gradient().device(), d);
+    {
+        let gc = GradientCollector::new();
+        gc.backward((p * p).sum()).unwrap();
+    }
+    assert_eq!(p.gradient().to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+    // A lazy gradient (a scaled sum of ones) is added on the device as well.
+    {
+        let gc = GradientCollector::accumulating();
+        gc.backward((p * 3.0).sum()).unwrap();
+    }
+    assert_eq!(p.gradient().to_vec::<f32>().unwrap(), vec![5.0, 7.0]);
+    m.close();
+}
+
+#[test]
+fn sgd_on_the_device_follows_the_cpu_and_scopes_free_its_intermediates() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let x = vals(64 * 3, 12);
+    let y = vals(64, 13);
+    let mut finals = Vec::new();
+    for dev in [Device::Cpu, d] {
+        let data = NDManager::new_on(dev);
+        let params = NDManager::new_on(dev);
+        let (xs, ys) = (data.create(&x, [64, 3]), data.create(&y, [64, 1]));
+        let w = params.zeros([3, 1], DType::F32);
+        let b = params.zeros([1], DType::F32);
+        w.set_requires_gradient(true);
+        b.set_requires_gradient(true);
+        let base = memory_on(dev).live_bytes;
+        for _ in 0..5 {
+            let scope = NDScope::new();
+            {
+                let gc = GradientCollector::new();
+                let err = xs.matmul(w) + b - ys;
+                gc.backward((err * err).mean()).unwrap();
+            }
+            let mut w2 = w;
+            let mut b2 = b;
+            w2 -= w.gradient() * 0.1;
+            b2 -= b.gradient() * 0.1;
+            drop(scope);
+            // Every intermediate of the step is gone: exactly the baseline is live.
+            assert_eq!(
+                memory_on(dev).live_bytes,
+                base,
+                "{dev}: live bytes after a step"
+            );
+        }
+        finals.push((w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap()));
+        params.close();
+        data.close();
+    }
+    let m = NDManager::new();
+    for (what, k) in [("w after 5 steps", 0), ("b after 5 steps", 1)] {
+        let pick = |f: &(Vec<f32>, Vec<f32>)| if k == 0 { f.0.clone() } else { f.1.clone() };
+        let (g, c) = (pick(&finals[1]), pick(&finals[0]));
+        let n = g.len();
+        close(what, m.create(&g, [n]), m.create(&c, [n]), 1e-4);
+    }
+    m.close();
+}
+
+#[test]
+fn a_closed_device_array_says_where_it_lived() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let gm = NDManager::new_on(d);
+    let (a, v) = {
+        let _scope = NDScope::new();
+        let a = gm.zeros([4], DType::F32);
+        (a, a.get("1:3")) // a view shares the buffer
+    };
+    for x in [a, v] {
+        let e = x.try_add(1.0).unwrap_err();
+        let ndscope::NdError::Closed(info) = &e else {
+            panic!("expected Closed, got {e}")
+        };
+        assert_eq!(info.device, d);
+        assert!(
+            e.to_string().contains(&format!(" on {d} was closed")),
+            "{e}"
+        );
+    }
+    // A host array's message stays as it was: no device named.
+    let cm = NDManager::new();
+    let c = cm.zeros([2], DType::F32);
+    c.close();
+    let e = c.try_add(1.0).unwrap_err();
+    assert!(!e.to_string().contains(" on cpu"), "{e}");
+    cm.close();
+    gm.close();
+}

@@ -1,0 +1,158 @@
+//! The ownership rules on device arrays (feature `gpu`): scopes, escape, ref counts,
+//! arrays shared across threads, and async task scopes free device memory exactly as
+//! they free host memory. (The model test runs the full rule set on a GPU with
+//! `NDSCOPE_MODEL_DEVICE=gpu`.)
+//!
+//! Needs an adapter (Mesa's "llvmpipe" stands in); without one the tests skip, unless
+//! `NDSCOPE_REQUIRE_GPU=1`, which makes them fail (CI sets it).
+#![cfg(feature = "gpu")]
+
+use ndscope::{DType, Device, NDArray, NDManager, NDScope, devices, memory_on};
+use std::sync::Mutex;
+
+/// GPU tests share one device's counters: they run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn gpu() -> Option<Device> {
+    let found = devices().into_iter().find(|d| d.device != Device::Cpu);
+    match found {
+        Some(d) => Some(d.device),
+        None if std::env::var("NDSCOPE_REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!("NDSCOPE_REQUIRE_GPU=1 but no GPU adapter was found")
+        }
+        None => {
+            eprintln!("no GPU adapter: skipped");
+            None
+        }
+    }
+}
+
+/// (live arrays, live buffers, live bytes) on `d`.
+fn on(d: Device) -> (usize, usize, usize) {
+    let s = memory_on(d);
+    (s.live_arrays, s.live_buffers, s.live_bytes)
+}
+
+#[test]
+fn scopes_escape_and_ref_counts_free_device_arrays_on_time() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new_on(d);
+    let base = on(d);
+    let a = m.ones([256], DType::F32); // 1 KiB
+    assert_eq!(on(d), (base.0 + 1, base.1 + 1, base.2 + 1024));
+    let (kept, retained) = {
+        let s = NDScope::new();
+        let t = (a + 1.0).exp(); // two arrays in the scope
+        let v = t.get("0:128"); // a view: an array, no buffer
+        assert_eq!(on(d), (base.0 + 4, base.1 + 3, base.2 + 3 * 1024));
+        let kept = s.escape(v * 2.0); // escapes to no scope
+        let retained = t * 3.0;
+        retained.retain(); // a count the scope's close does not take
+        (kept, retained)
+    };
+    // The scope freed (a + 1), its exp and the view; what escaped or is retained lives.
+    assert!(kept.to_vec::<f32>().is_ok() && retained.to_vec::<f32>().is_ok());
+    assert_eq!(on(d), (base.0 + 3, base.1 + 3, base.2 + 1024 + 512 + 1024));
+    retained.release(); // the last count: freed now
+    assert!(retained.try_sum().is_err());
+    assert_eq!(on(d), (base.0 + 2, base.1 + 2, base.2 + 1024 + 512));
+    m.close();
+    assert_eq!(on(d), base);
+}
+
+#[test]
+fn threads_share_device_arrays_and_counters_stay_exact() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new_on(d);
+    let base = on(d);
+    let w = m.create(&(0..64).map(|i| i as f32).collect::<Vec<_>>(), [8, 8]);
+    let results: Vec<NDArray> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|t| {
+                s.spawn(move || {
+                    // Each thread computes with the shared array, frees its own
+                    // intermediates with a scope, and returns one result.
+                    let acc = w.zeros_like();
+                    for i in 0..20 {
+                        let _s = NDScope::new();
+                        let step = w.matmul(w) * ((t * 20 + i) as f64 * 1e-3);
+                        // Through a view that reverses the rows twice (the same values).
+                        acc.try_addi(step.get("::-1, :").get("::-1, :")).unwrap();
+                    }
+                    acc
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // One closes another thread's array.
+    results[3].close();
+    let want = w.matmul(w).to_vec::<f32>().unwrap();
+    for (t, r) in results.iter().take(3).enumerate() {
+        let scale: f64 = (0..20).map(|i| (t * 20 + i) as f64 * 1e-3).sum();
+        let got = r.to_vec::<f32>().unwrap();
+        for (g, x) in got.iter().zip(&want) {
+            let e = *x as f64 * scale;
+            assert!(
+                (*g as f64 - e).abs() <= 1e-3 * (1.0 + e.abs()),
+                "{g} vs {e}"
+            );
+        }
+    }
+    // Live: w, the three results, and the matmul just read (8x8 f32 each).
+    let wm = 8 * 8 * 4;
+    assert_eq!(on(d), (base.0 + 5, base.1 + 5, base.2 + 5 * wm));
+    m.close();
+    assert_eq!(on(d), base);
+}
+
+#[test]
+fn async_task_scopes_free_device_arrays_when_tasks_end() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new_on(d);
+    let base = on(d);
+    let w = m.ones([16], DType::F32);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handles: Vec<_> = (0..6)
+        .map(|t| {
+            let m = m.clone();
+            rt.spawn(ndscope::scope_async(async move {
+                let mut acc = m.zeros([16], DType::F32);
+                for i in 0..30 {
+                    acc = w * (i as f32) + acc; // a new array each step
+                    let _tmp = acc.exp();
+                    if i % 7 == t {
+                        tokio::time::sleep(std::time::Duration::from_micros(100)).await;
+                    } else {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                acc.sum()
+            }))
+        })
+        .collect();
+    let outs: Vec<NDArray> = rt.block_on(async {
+        let mut v = Vec::new();
+        for h in handles {
+            v.push(h.await.unwrap());
+        }
+        v
+    });
+    // Every task's intermediates went with its scope: `w` and the six sums are left.
+    assert_eq!(on(d), (base.0 + 7, base.1 + 7, base.2 + 64 + 6 * 4));
+    let want = 16.0 * (0..30).sum::<i32>() as f32;
+    for o in &outs {
+        assert_eq!(o.device(), d);
+        assert_eq!(o.to_scalar::<f32>().unwrap(), want);
+    }
+    drop(rt);
+    m.close();
+    assert_eq!(on(d), base);
+}
