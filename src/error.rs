@@ -263,11 +263,14 @@ pub enum NdError {
     },
 
     // ---- resource errors ----
-    /// An allocation failed or is larger than the address space.
-    #[error("out of memory: cannot allocate {bytes} bytes")]
+    /// An allocation failed or is larger than the address space (on a GPU: after the
+    /// device's cache was emptied and the allocation tried once more).
+    #[error("out of memory on {device}: cannot allocate {bytes} bytes")]
     OutOfMemory {
         /// Requested bytes.
         bytes: usize,
+        /// Where the memory was asked for.
+        device: crate::Device,
     },
     /// Any other invalid argument.
     #[error("{op}: {msg}")]

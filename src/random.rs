@@ -61,6 +61,7 @@ fn samples<T>(n: usize) -> Result<Vec<T>> {
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|_| NdError::OutOfMemory {
         bytes: n.saturating_mul(std::mem::size_of::<T>()),
+        device: crate::Device::Cpu,
     })?;
     Ok(v)
 }

@@ -156,3 +156,27 @@ fn async_task_scopes_free_device_arrays_when_tasks_end() {
     m.close();
     assert_eq!(on(d), base);
 }
+
+#[test]
+fn an_array_past_the_largest_binding_is_refused_with_nothing_left_allocated() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let name = devices()
+        .into_iter()
+        .find(|i| i.device == d)
+        .map(|i| i.name)
+        .unwrap_or_default();
+    if !name.contains("llvmpipe") {
+        eprintln!("{name}: its largest binding is not known here: skipped");
+        return;
+    }
+    // llvmpipe binds at most 128 MiB; 160 MB of f32 is refused.
+    let m = NDManager::new_on(d);
+    let (base_gpu, base_cpu) = (on(d), on(Device::Cpu));
+    let e = m.try_zeros([40_000_000], DType::F32).unwrap_err();
+    assert!(matches!(e, ndscope::NdError::InvalidArgument { .. }), "{e}");
+    assert!(e.to_string().contains("largest buffer"), "{e}");
+    assert!(e.to_string().contains(&d.to_string()), "{e}");
+    assert_eq!((on(d), on(Device::Cpu)), (base_gpu, base_cpu));
+    m.close();
+}

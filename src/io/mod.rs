@@ -133,8 +133,10 @@ mod raw {
     /// Room for `n` bytes, or `OutOfMemory` (never an allocation abort).
     pub(crate) fn byte_vec(n: usize) -> Result<Vec<u8>> {
         let mut v = Vec::new();
-        v.try_reserve_exact(n)
-            .map_err(|_| NdError::OutOfMemory { bytes: n })?;
+        v.try_reserve_exact(n).map_err(|_| NdError::OutOfMemory {
+            bytes: n,
+            device: crate::Device::Cpu,
+        })?;
         Ok(v)
     }
 

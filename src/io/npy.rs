@@ -394,7 +394,10 @@ pub(crate) fn read_error(
         ReadErr::Format(m) => format_error(op, path, format!("{prefix}{m}")),
         ReadErr::Io(e) if io => io_error(op, path, e),
         ReadErr::Io(e) => format_error(op, path, format!("{prefix}{e}")),
-        ReadErr::OutOfMemory(bytes) => NdError::OutOfMemory { bytes },
+        ReadErr::OutOfMemory(bytes) => NdError::OutOfMemory {
+            bytes,
+            device: crate::Device::Cpu,
+        },
     }
 }
 

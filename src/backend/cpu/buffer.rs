@@ -140,7 +140,10 @@ impl Drop for Buffer {
 pub(crate) fn new_filled<T: Native>(len: usize, fill: impl FnOnce(&mut [T])) -> Result<Buffer> {
     let bytes = len
         .checked_mul(std::mem::size_of::<T>())
-        .ok_or_else(|| NdError::OutOfMemory { bytes: usize::MAX })?;
+        .ok_or_else(|| NdError::OutOfMemory {
+            bytes: usize::MAX,
+            device: crate::Device::Cpu,
+        })?;
     let buf = Buffer::zeroed(bytes)?;
     // SAFETY: the buffer was just allocated and is not shared yet.
     fill(unsafe { buf.slice_mut::<T>() });
@@ -156,7 +159,10 @@ pub(crate) fn new_overwritten<T: Native>(
 ) -> Result<Buffer> {
     let bytes = len
         .checked_mul(std::mem::size_of::<T>())
-        .ok_or_else(|| NdError::OutOfMemory { bytes: usize::MAX })?;
+        .ok_or_else(|| NdError::OutOfMemory {
+            bytes: usize::MAX,
+            device: crate::Device::Cpu,
+        })?;
     let buf = Buffer::reused(bytes)?;
     // SAFETY: the buffer was just allocated and is not shared yet.
     fill(unsafe { buf.slice_mut::<T>() });

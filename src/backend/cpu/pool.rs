@@ -266,7 +266,10 @@ fn system_free(class: u32, addr: usize) {
 /// A block for `bytes` (> 0) bytes: `(class, pointer)`, with `FRESH` set in the class
 /// when it came zeroed from the system allocator.
 pub(crate) fn take(bytes: usize) -> Result<(u32, NonNull<u8>)> {
-    let class = class_of(bytes).ok_or_else(|| NdError::OutOfMemory { bytes })?;
+    let class = class_of(bytes).ok_or_else(|| NdError::OutOfMemory {
+        bytes,
+        device: crate::Device::Cpu,
+    })?;
     let c = class as usize;
     let local = if c < LOCAL_CLASSES {
         LOCAL
@@ -299,7 +302,10 @@ pub(crate) fn take(bytes: usize) -> Result<(u32, NonNull<u8>)> {
         None => {
             // Out of memory: give the cached blocks back and try once more.
             empty();
-            alloc().ok_or_else(|| NdError::OutOfMemory { bytes })?
+            alloc().ok_or_else(|| NdError::OutOfMemory {
+                bytes,
+                device: crate::Device::Cpu,
+            })?
         }
     };
     SYSTEM_ALLOCS.fetch_add(1, Ordering::Relaxed);

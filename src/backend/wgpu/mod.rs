@@ -242,6 +242,7 @@ impl Ctx {
         self.empty_cache();
         make().ok_or(NdError::OutOfMemory {
             bytes: class as usize,
+            device: self.device_id(),
         })
     }
 
