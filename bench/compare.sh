@@ -9,26 +9,38 @@
 # Then the nn workloads (conv2d_fwd_bwd_us, cross_entropy_fwd_bwd_us) against
 # bench/torch_nn_bench.py: PyTorch with one thread where it is installed, else numpy.
 # Also the floor of the small-op path (bench/floor) beside candle-core's add10.
-# Usage: bench/compare.sh [--quick]
+# Python: $PYTHON (default python3), e.g. PYTHON=../torch-env/bin/python for a venv
+# with numpy and PyTorch. Progress goes to stderr; the figures to stdout.
+# Usage: [PYTHON=...] bench/compare.sh [--quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+T=${CARGO_TARGET_DIR:-target}
+say() { echo ">> $*" >&2; }
+say "building ndscope's bench (release; a first build takes minutes)"
 cargo build --release --example bench >/dev/null 2>&1
+say "building the candle-core peer (bench/candle; a first build fetches and compiles candle)"
 cargo build --release --manifest-path bench/candle/Cargo.toml >/dev/null 2>&1
+say "building the floor (bench/floor)"
 cargo build --release --manifest-path bench/floor/Cargo.toml >/dev/null 2>&1
-nd=$(./target/release/examples/bench --json "$@")
+say "running ndscope"
+nd=$("$T"/release/examples/bench --json "$@")
 # candle hands even tiny matmuls to rayon when it has several threads, which makes
 # every workload here several times slower (see bench/candle/src/main.rs); 1 thread is
 # its best setting for them. CANDLE_RAYON_THREADS=N overrides it.
+say "running candle-core"
 ca=$(RAYON_NUM_THREADS="${CANDLE_RAYON_THREADS:-1}" bench/candle/target/release/candle-bench --json "$@")
 # The floor of the small-op path (bench/floor), in the same minute as candle's add10.
+say "running the floor"
 fl=$(bench/floor/target/release/floor-bench --json "$@")
 # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE may be set on this machine for old OpenBLAS
 # builds; they slow a current numpy, so unset them for the numpy run only.
-np=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python3 bench/numpy_bench.py "$@")
+say "running numpy ($PY)"
+np=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$PY" bench/numpy_bench.py "$@")
 echo "$nd"
 echo "$ca"
 echo "$np"
-python3 - "$nd" "$ca" "$np" <<'PY'
+"$PY" - "$nd" "$ca" "$np" <<'PY'
 import json, sys
 nd, ca, np = (json.loads(a) for a in sys.argv[1:4])
 def num(v):
@@ -49,7 +61,7 @@ for key in nd:
           f"{show(ratio(a, b), '{:.2f}x'):>10} {show(ratio(a, c), '{:.2f}x'):>10}")
 PY
 echo "$fl"
-python3 - "$fl" "$ca" <<'PY'
+"$PY" - "$fl" "$ca" <<'PY'
 import json, sys
 fl, ca = (json.loads(a) for a in sys.argv[1:3])
 f, c = fl.get("floor_add10_ns"), ca.get("add10_ns")
@@ -57,13 +69,14 @@ r = "-" if f is None or not c else f"{f / c:.2f}x"
 print(f"{'add10 floor (bench/floor; ndscope alongside)':42} {f:>10} {c if c is not None else '-':>10} {'floor/candle':>12} {r}"
       f"   (ndscope in the same process: {fl.get('ndscope_add10_ns')} ns)")
 PY
-tn=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python3 bench/torch_nn_bench.py "$@")
+say "running the nn peer ($PY: PyTorch where installed, else numpy)"
+tn=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$PY" bench/torch_nn_bench.py "$@")
 echo "$tn"
-python3 - "$nd" "$tn" <<'PY'
+"$PY" - "$nd" "$tn" <<'PY'
 import json, sys
 nd, tn = (json.loads(a) for a in sys.argv[1:3])
 print(f"{'key':42} {'ndscope':>10} {'peer':>10} {'nd/peer':>10}   (peer: {tn['impl']})")
-for key in ("conv2d_fwd_bwd_us", "cross_entropy_fwd_bwd_us"):
+for key in [k for k in tn if k in nd and k != "impl" and k != "threads"]:
     a, b = nd.get(key), tn.get(key)
     r = "-" if a is None or not b else f"{a / b:.2f}x"
     print(f"{key:42} {a if a is not None else '-':>10} {b if b is not None else '-':>10} {r:>10}")
@@ -71,10 +84,11 @@ PY
 # The 2048³ matmul again with the optional `openblas` feature (large f32/f64 products
 # through the system OpenBLAS), where that library links.
 if echo 'int main(void){return 0;}' | gcc -x c - -lopenblas -o /dev/null 2>/dev/null; then
-  cargo build --release --example bench --features openblas --target-dir target/openblas >/dev/null 2>&1
-  ob=$(target/openblas/release/examples/bench --only matmul2048 --json "$@")
+  say "building the bench with the openblas feature"
+  cargo build --release --example bench --features openblas --target-dir "$T"/openblas >/dev/null 2>&1
+  ob=$("$T"/openblas/release/examples/bench --only matmul2048 --json "$@")
   echo "$ob"
-  python3 - "$ob" "$np" <<'PY'
+  "$PY" - "$ob" "$np" <<'PY'
 import json, sys
 ob, np = (json.loads(a) for a in sys.argv[1:3])
 a, b = ob.get("matmul2048_GFLOPs"), np.get("matmul2048_GFLOPs")
