@@ -8,6 +8,13 @@ sum(y), gradients for the input, the weight and the bias, per iteration.
 cross_entropy: logits [32,10] f32, int64 labels, mean over the batch, gradient for the
 logits, per iteration.
 
+With PyTorch it also times the CNN layers of examples/bench.rs (forward, then backward
+of sum(y) with gradients for the input and every parameter), on [32,16,8,8] (the
+digits CNN's first activation) and, as `*_big_*`, on [32,64,32,32]: max_pool2d 2x2
+stride 2, batch_norm in training (running statistics updated, gamma and beta [C]),
+layer_norm over [C,H,W] (gamma and beta [C,H,W]), and conv2d_big: 64 filters 3x3,
+padding 1, bias. The numpy fallback prints none of these.
+
 Usage: python3 bench/torch_nn_bench.py [--quick] [--numpy]
 (`--numpy` forces the numpy version even where PyTorch is installed.)
 """
@@ -56,7 +63,45 @@ def torch_workloads(quick):
         logits.grad = None
         F.cross_entropy(logits, labels).backward()
 
-    return "torch " + torch.__version__, 1, conv, ce
+    def layer(shape, f, params):
+        x = torch.randn(*shape, requires_grad=True)
+        ps = [p.requires_grad_() for p in params]
+
+        def run():
+            x.grad = None
+            for p in ps:
+                p.grad = None
+            f(x, ps).sum().backward()
+
+        return run
+
+    def bn(shape):
+        c = shape[1]
+        rm, rv = torch.zeros(c), torch.ones(c)
+        return layer(shape, lambda x, p: F.batch_norm(x, rm, rv, p[0], p[1], True, 0.1, 1e-5),
+                     [torch.ones(c), torch.zeros(c)])
+
+    def ln(shape):
+        g = shape[1:]
+        return layer(shape, lambda x, p: F.layer_norm(x, g, p[0], p[1], 1e-5),
+                     [torch.ones(*g), torch.zeros(*g)])
+
+    def small(shape):
+        return (2,) + tuple(shape[1:]) if quick else tuple(shape)
+
+    digits, big = small((32, 16, 8, 8)), small((32, 64, 32, 32))
+    pool = lambda x, p: F.max_pool2d(x, 2, 2)
+    layers = {
+        "maxpool2d_fwd_bwd_us": (layer(digits, pool, []), 5_000),
+        "maxpool2d_big_fwd_bwd_us": (layer(big, pool, []), 50),
+        "batchnorm2d_fwd_bwd_us": (bn(digits), 5_000),
+        "batchnorm2d_big_fwd_bwd_us": (bn(big), 50),
+        "layernorm_fwd_bwd_us": (ln(digits), 5_000),
+        "layernorm_big_fwd_bwd_us": (ln(big), 50),
+        "conv2d_big_fwd_bwd_us": (layer(big, lambda x, p: F.conv2d(x, p[0], p[1], padding=1),
+                                        [torch.randn(64, 64, 3, 3) * 0.05, torch.zeros(64)]), 10),
+    }
+    return "torch " + torch.__version__, 1, conv, ce, layers
 
 
 def numpy_workloads(quick):
@@ -109,7 +154,7 @@ def numpy_workloads(quick):
         threads = max((i.get("num_threads") or 1) for i in threadpool_info()) if threadpool_info() else 1
     except ImportError:
         threads = None
-    return "numpy " + np.__version__ + " (im2col + matmul; PyTorch not importable)", threads, conv, ce
+    return "numpy " + np.__version__ + " (im2col + matmul; PyTorch not importable)", threads, conv, ce, {}
 
 
 def main():
@@ -118,19 +163,22 @@ def main():
     impl = None
     if "--numpy" not in sys.argv:
         try:
-            impl, threads, conv, ce = torch_workloads(quick)
+            impl, threads, conv, ce, layers = torch_workloads(quick)
         except ImportError:
             impl = None
     if impl is None:
-        impl, threads, conv, ce = numpy_workloads(quick)
+        impl, threads, conv, ce, layers = numpy_workloads(quick)
     conv_us = median_ns(r, 2 if quick else 200, conv) / 1e3
     ce_us = median_ns(r, 20 if quick else 20_000, ce) / 1e3
-    print(json.dumps({
+    out = {
         "impl": impl,
         "threads": threads,
         "conv2d_fwd_bwd_us": round(conv_us, 1),
         "cross_entropy_fwd_bwd_us": round(ce_us, 3),
-    }))
+    }
+    for key, (f, iters) in layers.items():
+        out[key] = round(median_ns(r, max(1, iters // 1000) if quick else iters, f) / 1e3, 1)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,13 @@
 //! `cross_entropy_fwd_bwd_us` is the same for `cross_entropy` of [32,10] F32 logits
 //! with I64 labels (gradient for the logits). `bench/torch_nn_bench.py` measures both
 //! in PyTorch (one thread) or, without PyTorch, numpy (im2col + matmul).
+//! The CNN layers, each forward plus the backward of `sum` with gradients for the
+//! input and every parameter, on the digits CNN's first activation [32,16,8,8] and
+//! (`_big_`) on [32,64,32,32]: `maxpool2d_fwd_bwd_us` (2×2, stride 2),
+//! `batchnorm2d_fwd_bwd_us` (training, running statistics updated, gamma and beta
+//! `[C]`), `layernorm_fwd_bwd_us` (over C, H and W, gamma and beta `[C,H,W]`), and
+//! `conv2d_big_fwd_bwd_us` ([32,64,32,32], 64 filters 3×3, padding 1, bias). PyTorch
+//! only (the numpy fallback prints none of them).
 //!
 //! Built with `--features gpu`, on the first GPU that `devices()` lists:
 //! `gpu_add10_enqueue_ns` is the host cost of queueing an add of two [10] F32 arrays on
@@ -363,6 +370,79 @@ fn main() {
         t
     });
 
+    // The CNN layers of issue 29: forward, then backward of `sum`, in a fresh scope and
+    // collector, with gradients for the input and every parameter; on the digits CNN's
+    // first activation [32,16,8,8] and on [32,64,32,32] (batch 2 in quick mode).
+    let layer_us = |shape: [usize; 4],
+                    iters: usize,
+                    f: &dyn Fn(NDArray, &[NDArray]) -> NDArray,
+                    params: &[NDArray]| {
+        let shape = if quick {
+            [2, shape[1], shape[2], shape[3]]
+        } else {
+            shape
+        };
+        let x = m.random_normal(0.0, 1.0, shape, DType::F32);
+        x.set_requires_gradient(true);
+        for p in params {
+            p.set_requires_gradient(true);
+        }
+        let t = median_ns(r, it(iters), || {
+            let _s = NDScope::new();
+            let gc = GradientCollector::new();
+            gc.backward(f(x, params).sum()).expect("recorded");
+        }) / 1e3;
+        x.close();
+        for p in params {
+            p.close();
+        }
+        t
+    };
+    let maxpool = |x: NDArray, _: &[NDArray]| x.max_pool2d([2, 2], [2, 2], [0, 0]);
+    let batchnorm = |x: NDArray, p: &[NDArray]| {
+        x.batch_norm(p[0], p[1], Some(p[2]), Some(p[3]), true, 0.1, 1e-5)
+    };
+    let layernorm =
+        |x: NDArray, p: &[NDArray]| x.layer_norm(&[1, 2, 3], Some(p[0]), Some(p[1]), 1e-5);
+    // Running statistics (no gradient; `layer_us` sets it on every parameter, which
+    // batch_norm refuses for statistics the tape depends on, so they are made here).
+    let bn_params = |c: usize| {
+        let stats = [m.zeros([c], DType::F32), m.ones([c], DType::F32)];
+        let affine = [m.ones([c], DType::F32), m.zeros([c], DType::F32)];
+        (stats, affine)
+    };
+    let bn_us = |shape: [usize; 4], iters: usize| {
+        let (stats, affine) = bn_params(shape[1]);
+        let f = |x: NDArray, p: &[NDArray]| batchnorm(x, &[stats[0], stats[1], p[0], p[1]]);
+        let t = layer_us(shape, iters, &f, &affine);
+        stats.iter().for_each(|s| s.close());
+        t
+    };
+    let ln_us = |shape: [usize; 4], iters: usize| {
+        let g = [shape[1], shape[2], shape[3]];
+        let p = [m.ones(g, DType::F32), m.zeros(g, DType::F32)];
+        layer_us(shape, iters, &layernorm, &p)
+    };
+    const DIGITS_ACT: [usize; 4] = [32, 16, 8, 8];
+    const BIG_ACT: [usize; 4] = [32, 64, 32, 32];
+    let maxpool_us = maybe("maxpool2d", &mut || {
+        layer_us(DIGITS_ACT, 5_000, &maxpool, &[])
+    });
+    let maxpool_big_us = maybe("maxpool2d_big", &mut || {
+        layer_us(BIG_ACT, 50, &maxpool, &[])
+    });
+    let batchnorm_us = maybe("batchnorm2d", &mut || bn_us(DIGITS_ACT, 5_000));
+    let batchnorm_big_us = maybe("batchnorm2d_big", &mut || bn_us(BIG_ACT, 50));
+    let layernorm_us = maybe("layernorm", &mut || ln_us(DIGITS_ACT, 5_000));
+    let layernorm_big_us = maybe("layernorm_big", &mut || ln_us(BIG_ACT, 50));
+    let conv2d_big_us = maybe("conv2d_big", &mut || {
+        let w = m.random_normal(0.0, 0.05, [64, 64, 3, 3], DType::F32);
+        let b = m.zeros([64], DType::F32);
+        let conv =
+            |x: NDArray, p: &[NDArray]| x.conv2d(p[0], Some(p[1]), [1, 1], [1, 1], [1, 1], 1);
+        layer_us(BIG_ACT, 10, &conv, &[w, b])
+    });
+
     // cross_entropy forward + backward on [32,10] logits.
     let cross_entropy_us = maybe("cross_entropy", &mut || {
         let logits = m.random_normal(0.0, 1.0, [32, 10], DType::F32);
@@ -562,6 +642,55 @@ fn main() {
             "conv2d [32,16,8,8] 3x3x32 fwd+bwd",
             conv2d_us,
             1,
+            "us",
+        ),
+        (
+            "conv2d_big_fwd_bwd_us",
+            "conv2d [32,64,32,32] 3x3x64 fwd+bwd",
+            conv2d_big_us,
+            0,
+            "us",
+        ),
+        (
+            "maxpool2d_fwd_bwd_us",
+            "max_pool2d 2x2 [32,16,8,8] fwd+bwd",
+            maxpool_us,
+            1,
+            "us",
+        ),
+        (
+            "maxpool2d_big_fwd_bwd_us",
+            "max_pool2d 2x2 [32,64,32,32] fwd+bwd",
+            maxpool_big_us,
+            0,
+            "us",
+        ),
+        (
+            "batchnorm2d_fwd_bwd_us",
+            "batch_norm [32,16,8,8] fwd+bwd",
+            batchnorm_us,
+            1,
+            "us",
+        ),
+        (
+            "batchnorm2d_big_fwd_bwd_us",
+            "batch_norm [32,64,32,32] fwd+bwd",
+            batchnorm_big_us,
+            0,
+            "us",
+        ),
+        (
+            "layernorm_fwd_bwd_us",
+            "layer_norm [16,8,8] of [32,..] fwd+bwd",
+            layernorm_us,
+            1,
+            "us",
+        ),
+        (
+            "layernorm_big_fwd_bwd_us",
+            "layer_norm [64,32,32] of [32,..] fwd+bwd",
+            layernorm_big_us,
+            0,
             "us",
         ),
         (
