@@ -632,6 +632,11 @@ fn layer_norm_gradients() {
     gradcheck(&[&[2, 3, 2]], -2.0, 2.0, |a| {
         a[0].layer_norm(&[1, 2], None, None, 1e-5)
     });
+    // The fused backward reads a permuted input and a broadcast gamma through strides.
+    gradcheck(&[&[4, 3, 2], &[3, 1]], -2.0, 2.0, |a| {
+        a[0].permute(&[2, 1, 0])
+            .layer_norm(&[-1], Some(a[1]), None, 1e-5)
+    });
 }
 
 #[test]
@@ -834,6 +839,18 @@ fn batch_norm_gradients() {
         let rm = m.create(&[0.5f64, -0.25], [2]);
         let rv = m.create(&[2.0f64, 0.5], [2]);
         a[0].batch_norm(rm, rv, Some(a[1]), Some(a[2]), false, 0.1, 1e-5)
+    });
+    // A permuted input (channels not in memory order), gamma only, then beta only.
+    gradcheck(&[&[2, 2, 3, 3], &[3]], -2.0, 2.0, |a| {
+        let m = a[0].manager();
+        let (rm, rv) = (m.zeros([3], DType::F64), m.ones([3], DType::F64));
+        a[0].permute(&[1, 3, 2, 0])
+            .batch_norm(rm, rv, Some(a[1]), None, true, 0.1, 1e-5)
+    });
+    gradcheck(&[&[3, 2, 4], &[2]], -2.0, 2.0, |a| {
+        let m = a[0].manager();
+        let (rm, rv) = (m.zeros([2], DType::F64), m.ones([2], DType::F64));
+        a[0].batch_norm(rm, rv, None, Some(a[1]), true, 0.1, 1e-5)
     });
 }
 

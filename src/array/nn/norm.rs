@@ -7,7 +7,8 @@ use crate::array::reduce::{normalize_axes, reduced_shape};
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu;
 use crate::backend::cpu::nn::buffer_of;
-use crate::backend::cpu::norm::{Affine, normalize_kernel, update_running};
+use crate::backend::cpu::norm::{Affine, normalize_grad_kernel, normalize_kernel, update_running};
+use crate::dtype::DType;
 use crate::dtype::{Native, dispatch_float};
 use crate::engine::{self, ArrayId, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, twins};
@@ -60,47 +61,86 @@ impl Backward for NormRule {
             self.mean.get(self.op)?,
             self.rstd.get(self.op)?,
         );
-        let gamma = match (self.has_gamma, &self.channel) {
-            (false, _) => None,
-            (true, None) => Some(cx.input(1)),
-            (true, Some(shape)) => Some(cx.input(1).try_reshape(shape.clone())?),
-        };
-        let axes = &self.axes[..];
-        let xhat = x_hat(x, mean, rstd)?;
+        let gamma = self.has_gamma.then(|| cx.input(1));
+        let beta_at = 1 + self.has_gamma as usize;
+        let need_gamma = self.has_gamma && cx.need(1);
+        let need_beta = self.has_beta && cx.need(beta_at);
+        // batch_norm's gamma and beta gradients are the per-channel sums of the fused
+        // pass; layer_norm's are reduced to their shapes by the tape.
+        let sums_wanted = self.channel.is_some() && (need_gamma || need_beta);
         let mut grads: Grads = smallvec![None];
-        if cx.need(0) {
-            let dxhat = match gamma {
-                Some(gm) => g.try_mul(gm)?,
-                None => g,
+        let mut sums = None;
+        if cx.need(0) || sums_wanted {
+            let channel = self.channel.is_some();
+            let (batch_stats, axes) = (self.batch_stats, &self.axes);
+            let mut ids: SmallVec<[ArrayId; 5]> = smallvec![g.id, x.id, mean.id, rstd.id];
+            ids.extend(gamma.map(|a| a.id));
+            let op = if channel {
+                "batch_norm_grad"
+            } else {
+                "layer_norm_grad"
             };
-            grads[0] = Some(if self.batch_stats {
-                let m1 = dxhat.try_mean_axes(axes, true)?;
-                let m2 = dxhat.try_mul(xhat)?.try_mean_axes(axes, true)?;
-                dxhat
-                    .try_sub(m1)?
-                    .try_sub(xhat.try_mul(m2)?)?
-                    .try_mul(rstd)?
+            let id = engine::run_op(op, &ids, Location::caller(), |o| {
+                let (gv, xv) = (&o[0], &o[1]);
+                let shape = xv.shape().clone();
+                let nd = shape.ndim() as isize;
+                let red: SmallVec<[bool; 4]> = (0..nd)
+                    .map(|d| axes.iter().any(|&a| a == d || a + nd == d))
+                    .collect();
+                let out = dispatch_float!(xv.dtype, T => {
+                    let one = [T::ONE];
+                    let gm = o.get(4).map_or_else(
+                        || Affine::constant(&one, shape.ndim()),
+                        |p| Affine::of(p.into(), &shape, channel),
+                    );
+                    let stat = |v: &Operand<'_>| -> Vec<f64> {
+                        cpu::to_vec::<T>(v).iter().map(|e| e.to_f64()).collect()
+                    };
+                    let (mv, rv) = (stat(&o[2]), stat(&o[3]));
+                    normalize_grad_kernel::<T>(xv.into(), gv.into(), &red, &gm, (&mv, &rv), batch_stats)?
+                }, else return Err(engine::unsupported(op, xv)));
+                if channel {
+                    sums = Some((out.sum_g, out.sum_g_xhat, xv.dtype));
+                }
+                Ok(Output::New {
+                    buf: out.dx,
+                    shape,
+                    dtype: xv.dtype,
+                })
+            })?;
+            let dx = NDArray { id };
+            if cx.need(0) {
+                grads[0] = Some(dx);
             } else {
-                dxhat.try_mul(rstd)?
-            });
-        }
-        let reduce = |v: NDArray| -> Result<NDArray> {
-            if self.channel.is_some() {
-                v.try_sum_axes(axes, false)
-            } else {
-                Ok(v)
+                dx.close();
             }
+        }
+        // A `[C]` array of per-channel sums.
+        let per_channel = |v: &[f64], dtype: DType| -> Result<NDArray> {
+            let id = engine::run_op("batch_norm_grad", &[g.id], Location::caller(), |_| {
+                let buf = dispatch_float!(dtype, T => buffer_of::<T>(v)?,
+                    else unreachable!("a float dtype, checked by the op"));
+                Ok(Output::New {
+                    buf,
+                    shape: Shape::from([v.len()]),
+                    dtype,
+                })
+            })?;
+            Ok(NDArray { id })
         };
         if self.has_gamma {
-            grads.push(if cx.need(1) {
-                Some(reduce(g.try_mul(xhat)?)?)
-            } else {
-                None
+            grads.push(match (&sums, need_gamma) {
+                (_, false) => None,
+                (Some((_, sgx, dtype)), true) => Some(per_channel(sgx, *dtype)?),
+                (None, true) => Some(g.try_mul(x_hat(x, mean, rstd)?)?),
             });
         }
         if self.has_beta {
-            let i = 1 + self.has_gamma as usize;
-            grads.push(if cx.need(i) { Some(reduce(g)?) } else { None });
+            grads.push(match (&sums, need_beta) {
+                (_, false) => None,
+                (Some((sg, _, dtype)), true) => Some(per_channel(sg, *dtype)?),
+                (None, true) => Some(g),
+            });
         }
         Ok(grads)
     }

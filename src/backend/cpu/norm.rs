@@ -153,3 +153,98 @@ pub(crate) fn update_running<T: Native>(
         *e = T::from_f64((1.0 - momentum) * e.to_f64() + momentum * b * scale);
     }
 }
+
+/// What [`normalize_grad_kernel`] gives back: `dx` (contiguous, `x`'s shape), and per
+/// group `Σ g` and `Σ g * xhat` in row-major order of the kept axes (`batch_norm`'s
+/// `dbeta` and `dgamma` when a group is a channel).
+pub(crate) struct NormGrad {
+    pub dx: Buffer,
+    pub sum_g: Vec<f64>,
+    pub sum_g_xhat: Vec<f64>,
+}
+
+/// The gradient of [`normalize_kernel`] in two passes over each group (f64
+/// accumulation), in place of a dozen whole-array ops: with `xhat = (x - mean) * rstd`
+/// and `dxhat = g * gamma`, `dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat *
+/// xhat))` when the statistics came from the group (`batch_stats`), else `dxhat * rstd`.
+/// `g` has `x`'s shape (any strides, broadcast included); `mean` and `rstd` hold one
+/// value per group.
+pub(crate) fn normalize_grad_kernel<T: Float>(
+    x: Strided<'_, T>,
+    g: Strided<'_, T>,
+    red: &[bool],
+    gamma: &Affine<'_, T>,
+    (mean, rstd): (&[f64], &[f64]),
+    batch_stats: bool,
+) -> Result<NormGrad> {
+    let l = x.layout;
+    let dims = l.shape.dims();
+    let (xd, gd) = (x.data, g.data);
+    let gs = g.layout.broadcast_strides(&l.shape);
+    let ys = l.shape.contiguous_strides();
+    let (mut kd, mut nd) = (Dims::new(), Dims::new());
+    for (d, &v) in dims.iter().enumerate() {
+        if red[d] { nd.push(v) } else { kd.push(v) }
+    }
+    let m = nd.iter().product::<usize>() as f64;
+    let (xk, xn) = split_axes(&l.strides, red);
+    let (gk, gn) = split_axes(&gs, red);
+    let (yk, yn) = split_axes(&ys, red);
+    let (ck, cn) = split_axes(&gamma.strides, red);
+    let groups: usize = kd.iter().product();
+    let (mut sum_g, mut sum_g_xhat) = (Vec::with_capacity(groups), Vec::with_capacity(groups));
+    let dx = new_overwritten::<T>(l.size(), |out| {
+        if l.size() == 0 {
+            return;
+        }
+        let mut gi = 0usize;
+        for_each_row(
+            &kd,
+            [&xk, &gk, &yk, &ck],
+            [l.offset, g.layout.offset, 0, gamma.offset],
+            |off, len, s| {
+                for r in 0..len as isize {
+                    let o: [usize; 4] = std::array::from_fn(|k| (off[k] + r * s[k]) as usize);
+                    let (mu, rs) = (mean[gi], rstd[gi]);
+                    gi += 1;
+                    let (mut sg, mut sgx, mut s1, mut s2) = (0.0, 0.0, 0.0, 0.0);
+                    for_each_row(&nd, [&xn, &gn, &cn], [o[0], o[1], o[3]], |p, n, st| {
+                        for i in 0..n as isize {
+                            let at = |k: usize| (p[k] + i * st[k]) as usize;
+                            let xh = (xd[at(0)].to_f64() - mu) * rs;
+                            let gv = gd[at(1)].to_f64();
+                            let dxh = gv * gamma.data[at(2)].to_f64();
+                            sg += gv;
+                            sgx += gv * xh;
+                            s1 += dxh;
+                            s2 += dxh * xh;
+                        }
+                    });
+                    sum_g.push(sg);
+                    sum_g_xhat.push(sgx);
+                    let (m1, m2) = if batch_stats {
+                        (s1 / m, s2 / m)
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    for_each_row(&nd, [&xn, &gn, &yn, &cn], o, |p, n, st| {
+                        for i in 0..n as isize {
+                            let at = |k: usize| (p[k] + i * st[k]) as usize;
+                            let xh = (xd[at(0)].to_f64() - mu) * rs;
+                            let dxh = gd[at(1)].to_f64() * gamma.data[at(3)].to_f64();
+                            out[at(2)] = T::from_f64(rs * (dxh - m1 - xh * m2));
+                        }
+                    });
+                }
+            },
+        );
+    })?;
+    // No elements (a zero-size batch): every group's sums are 0.
+    sum_g.resize(groups, 0.0);
+    sum_g_xhat.resize(groups, 0.0);
+    Ok(NormGrad {
+        dx,
+        sum_g,
+        sum_g_xhat,
+    })
+}
