@@ -7,34 +7,30 @@ use crate::array::reduce::{normalize_axes, reduced_shape};
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu;
 use crate::backend::cpu::nn::buffer_of;
-use crate::backend::cpu::norm::{Affine, normalize_grad_kernel, normalize_kernel, update_running};
-use crate::dtype::DType;
+use crate::backend::cpu::norm::{
+    Affine, SumInto, normalize_grad_kernel, normalize_kernel, update_running,
+};
 use crate::dtype::{Native, dispatch_float};
 use crate::engine::{self, ArrayId, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, twins};
+use crate::layout::{Layout, Strides};
 use crate::shape::{Dims, Shape};
 use smallvec::{SmallVec, smallvec};
 use std::panic::Location;
-
-/// `(x - mean) * rstd` from the saved statistics.
-fn x_hat(x: NDArray, mean: NDArray, rstd: NDArray) -> Result<NDArray> {
-    x.try_sub(mean)?.try_mul(rstd)
-}
 
 /// The gradient of `layer_norm` and `batch_norm`. Inputs: `x`, then `gamma` and `beta`
 /// where given. With batch statistics (`layer_norm`, `batch_norm` in training),
 /// `dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))` with
 /// `dxhat = g * gamma` and means over the normalised axes; with fixed statistics
 /// (`batch_norm` in inference) `dx = g * gamma * rstd`. `dgamma = g * xhat` and
-/// `dbeta = g`, summed over the normalised axes (`batch_norm`) or reduced to their
-/// shape by the tape (`layer_norm`).
+/// `dbeta = g`, summed to the parameter's shape. One fused kernel computes them all
+/// (`normalize_grad_kernel`: two passes over each group).
 struct NormRule {
     op: &'static str,
     /// The normalised axes.
     axes: SmallVec<[isize; 4]>,
-    /// `batch_norm`: gamma `[C]` is reshaped to this (`[C, 1, ...]`) to broadcast, and
-    /// its gradient summed over `axes`.
-    channel: Option<Shape>,
+    /// `batch_norm`: gamma and beta are `[C]`, along axis 1 of `x`.
+    channel: bool,
     /// The statistics were computed from this batch (not given).
     batch_stats: bool,
     has_gamma: bool,
@@ -63,84 +59,95 @@ impl Backward for NormRule {
         );
         let gamma = self.has_gamma.then(|| cx.input(1));
         let beta_at = 1 + self.has_gamma as usize;
-        let need_gamma = self.has_gamma && cx.need(1);
-        let need_beta = self.has_beta && cx.need(beta_at);
-        // batch_norm's gamma and beta gradients are the per-channel sums of the fused
-        // pass; layer_norm's are reduced to their shapes by the tape.
-        let sums_wanted = self.channel.is_some() && (need_gamma || need_beta);
-        let mut grads: Grads = smallvec![None];
+        // The shapes of the parameters whose gradients are wanted.
+        let want = |has: bool, i: usize| (has && cx.need(i)).then(|| cx.shapes[i].clone());
+        let (want_gamma, want_beta) = (want(self.has_gamma, 1), want(self.has_beta, beta_at));
+        let (channel, batch_stats, axes) = (self.channel, self.batch_stats, &self.axes);
+        let mut ids: SmallVec<[ArrayId; 5]> = smallvec![g.id, x.id, mean.id, rstd.id];
+        ids.extend(gamma.map(|a| a.id));
+        let op = if channel {
+            "batch_norm_grad"
+        } else {
+            "layer_norm_grad"
+        };
+        // One pass for every gradient: dx, and gamma's and beta's sums.
         let mut sums = None;
-        if cx.need(0) || sums_wanted {
-            let channel = self.channel.is_some();
-            let (batch_stats, axes) = (self.batch_stats, &self.axes);
-            let mut ids: SmallVec<[ArrayId; 5]> = smallvec![g.id, x.id, mean.id, rstd.id];
-            ids.extend(gamma.map(|a| a.id));
-            let op = if channel {
-                "batch_norm_grad"
-            } else {
-                "layer_norm_grad"
-            };
-            let id = engine::run_op(op, &ids, Location::caller(), |o| {
-                let (gv, xv) = (&o[0], &o[1]);
-                let shape = xv.shape().clone();
-                let nd = shape.ndim() as isize;
-                let red: SmallVec<[bool; 4]> = (0..nd)
-                    .map(|d| axes.iter().any(|&a| a == d || a + nd == d))
-                    .collect();
-                let out = dispatch_float!(xv.dtype, T => {
-                    let one = [T::ONE];
-                    let gm = o.get(4).map_or_else(
-                        || Affine::constant(&one, shape.ndim()),
-                        |p| Affine::of(p.into(), &shape, channel),
-                    );
-                    let stat = |v: &Operand<'_>| -> Vec<f64> {
-                        cpu::to_vec::<T>(v).iter().map(|e| e.to_f64()).collect()
-                    };
-                    let (mv, rv) = (stat(&o[2]), stat(&o[3]));
-                    normalize_grad_kernel::<T>(xv.into(), gv.into(), &red, &gm, (&mv, &rv), batch_stats)?
-                }, else return Err(engine::unsupported(op, xv)));
-                if channel {
-                    sums = Some((out.sum_g, out.sum_g_xhat, xv.dtype));
+        let id = engine::run_op(op, &ids, Location::caller(), |o| {
+            let (gv, xv) = (&o[0], &o[1]);
+            let shape = xv.shape().clone();
+            let nd = shape.ndim();
+            let red: SmallVec<[bool; 4]> = (0..nd as isize)
+                .map(|d| axes.iter().any(|&a| a == d || a + nd as isize == d))
+                .collect();
+            // Where a parameter's gradient is summed (a dummy cell when not wanted).
+            let into = |p: &Option<Shape>| -> (Strides, usize) {
+                match p {
+                    None => (Strides::from_elem(0, nd), 1),
+                    Some(s) if channel => {
+                        let mut st = Strides::from_elem(0, nd);
+                        st[1] = 1;
+                        (st, s.size())
+                    }
+                    Some(s) => (
+                        Layout::contiguous(s.clone()).broadcast_strides(&shape),
+                        s.size(),
+                    ),
                 }
-                Ok(Output::New {
-                    buf: out.dx,
-                    shape,
-                    dtype: xv.dtype,
-                })
-            })?;
-            let dx = NDArray { id };
-            if cx.need(0) {
-                grads[0] = Some(dx);
-            } else {
-                dx.close();
-            }
+            };
+            let ((gs, gn), (bs, bn)) = (into(&want_gamma), into(&want_beta));
+            let targets = [
+                SumInto {
+                    strides: &gs,
+                    size: gn,
+                },
+                SumInto {
+                    strides: &bs,
+                    size: bn,
+                },
+            ];
+            let out = dispatch_float!(xv.dtype, T => {
+                let one = [T::ONE];
+                let gm = o.get(4).map_or_else(
+                    || Affine::constant(&one, nd),
+                    |p| Affine::of(p.into(), &shape, channel),
+                );
+                let stat = |v: &Operand<'_>| -> Vec<f64> {
+                    cpu::to_vec::<T>(v).iter().map(|e| e.to_f64()).collect()
+                };
+                let (mv, rv) = (stat(&o[2]), stat(&o[3]));
+                normalize_grad_kernel::<T>(xv.into(), gv.into(), &red, &gm, (&mv, &rv), batch_stats, targets)?
+            }, else return Err(engine::unsupported(op, xv)));
+            sums = Some((out.dgamma, out.dbeta, xv.dtype));
+            Ok(Output::New {
+                buf: out.dx,
+                shape,
+                dtype: xv.dtype,
+            })
+        })?;
+        let dx = NDArray { id };
+        let Some((dgamma, dbeta, dtype)) = sums else {
+            unreachable!("set by the op");
+        };
+        let mut grads: Grads = smallvec![None];
+        if cx.need(0) {
+            grads[0] = Some(dx);
+        } else {
+            dx.close();
         }
-        // A `[C]` array of per-channel sums.
-        let per_channel = |v: &[f64], dtype: DType| -> Result<NDArray> {
-            let id = engine::run_op("batch_norm_grad", &[g.id], Location::caller(), |_| {
+        // A parameter's gradient from its sums.
+        let param = |v: &[f64], shape: Shape| -> Result<NDArray> {
+            let id = engine::run_op(op, &[g.id], Location::caller(), |_| {
                 let buf = dispatch_float!(dtype, T => buffer_of::<T>(v)?,
                     else unreachable!("a float dtype, checked by the op"));
-                Ok(Output::New {
-                    buf,
-                    shape: Shape::from([v.len()]),
-                    dtype,
-                })
+                Ok(Output::New { buf, shape, dtype })
             })?;
             Ok(NDArray { id })
         };
         if self.has_gamma {
-            grads.push(match (&sums, need_gamma) {
-                (_, false) => None,
-                (Some((_, sgx, dtype)), true) => Some(per_channel(sgx, *dtype)?),
-                (None, true) => Some(g.try_mul(x_hat(x, mean, rstd)?)?),
-            });
+            grads.push(want_gamma.map(|s| param(&dgamma, s)).transpose()?);
         }
         if self.has_beta {
-            grads.push(match (&sums, need_beta) {
-                (_, false) => None,
-                (Some((sg, _, dtype)), true) => Some(per_channel(sg, *dtype)?),
-                (None, true) => Some(g),
-            });
+            grads.push(want_beta.map(|s| param(&dbeta, s)).transpose()?);
         }
         Ok(grads)
     }
@@ -214,7 +221,7 @@ fn layer_norm_impl(
         autograd::record(&ids, id, || NormRule {
             op: OP,
             axes: axes.iter().copied().collect(),
-            channel: None,
+            channel: false,
             batch_stats: true,
             has_gamma: gamma.is_some(),
             has_beta: beta.is_some(),
@@ -349,11 +356,7 @@ fn batch_norm_impl(
     autograd::record(&rec, id, || NormRule {
         op: OP,
         axes: (0..ndim as isize).filter(|&d| d != 1).collect(),
-        channel: {
-            let mut d = Dims::from_elem(1, ndim - 1);
-            d[0] = stats_shape.dims()[1];
-            Some(Shape(d))
-        },
+        channel: true,
         batch_stats: training,
         has_gamma: gamma.is_some(),
         has_beta: beta.is_some(),

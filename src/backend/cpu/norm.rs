@@ -154,21 +154,29 @@ pub(crate) fn update_running<T: Native>(
     }
 }
 
-/// What [`normalize_grad_kernel`] gives back: `dx` (contiguous, `x`'s shape), and per
-/// group `Σ g` and `Σ g * xhat` in row-major order of the kept axes (`batch_norm`'s
-/// `dbeta` and `dgamma` when a group is a channel).
+/// What [`normalize_grad_kernel`] gives back: `dx` (contiguous, `x`'s shape) and the
+/// sums `Σ g * xhat` and `Σ g` into their accumulators (gamma's and beta's gradients).
 pub(crate) struct NormGrad {
     pub dx: Buffer,
-    pub sum_g: Vec<f64>,
-    pub sum_g_xhat: Vec<f64>,
+    pub dgamma: Vec<f64>,
+    pub dbeta: Vec<f64>,
+}
+
+/// Where [`normalize_grad_kernel`] sums one parameter's gradient: the strides, one per
+/// axis of `x`, of a contiguous array of the parameter's shape broadcast to `x`'s (0 on
+/// the axes it is broadcast along), and that array's size.
+pub(crate) struct SumInto<'a> {
+    pub strides: &'a [isize],
+    pub size: usize,
 }
 
 /// The gradient of [`normalize_kernel`] in two passes over each group (f64
 /// accumulation), in place of a dozen whole-array ops: with `xhat = (x - mean) * rstd`
 /// and `dxhat = g * gamma`, `dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat *
-/// xhat))` when the statistics came from the group (`batch_stats`), else `dxhat * rstd`.
-/// `g` has `x`'s shape (any strides, broadcast included); `mean` and `rstd` hold one
-/// value per group.
+/// xhat))` when the statistics came from the group (`batch_stats`), else `dxhat * rstd`;
+/// and gamma's and beta's gradients, `g * xhat` and `g` summed into `sums`. `g` has
+/// `x`'s shape (any strides, broadcast included); `mean` and `rstd` hold one value per
+/// group, in row-major order of the kept axes.
 pub(crate) fn normalize_grad_kernel<T: Float>(
     x: Strided<'_, T>,
     g: Strided<'_, T>,
@@ -176,6 +184,7 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
     gamma: &Affine<'_, T>,
     (mean, rstd): (&[f64], &[f64]),
     batch_stats: bool,
+    [sg_into, sb_into]: [SumInto<'_>; 2],
 ) -> Result<NormGrad> {
     let l = x.layout;
     let dims = l.shape.dims();
@@ -191,8 +200,12 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
     let (gk, gn) = split_axes(&gs, red);
     let (yk, yn) = split_axes(&ys, red);
     let (ck, cn) = split_axes(&gamma.strides, red);
-    let groups: usize = kd.iter().product();
-    let (mut sum_g, mut sum_g_xhat) = (Vec::with_capacity(groups), Vec::with_capacity(groups));
+    let (ak, an) = split_axes(sg_into.strides, red);
+    let (bk, bn) = split_axes(sb_into.strides, red);
+    let (mut dgamma, mut dbeta) = (vec![0.0; sg_into.size], vec![0.0; sb_into.size]);
+    // Each group sums into one cell of both (batch_norm's channels, an unwanted
+    // parameter's dummy): in registers, then once per group; else element by element.
+    let per_element = an.iter().chain(&bn).any(|&s| s != 0);
     let dx = new_overwritten::<T>(l.size(), |out| {
         if l.size() == 0 {
             return;
@@ -200,34 +213,43 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
         let mut gi = 0usize;
         for_each_row(
             &kd,
-            [&xk, &gk, &yk, &ck],
-            [l.offset, g.layout.offset, 0, gamma.offset],
+            [&xk, &gk, &yk, &ck, &ak, &bk],
+            [l.offset, g.layout.offset, 0, gamma.offset, 0, 0],
             |off, len, s| {
                 for r in 0..len as isize {
-                    let o: [usize; 4] = std::array::from_fn(|k| (off[k] + r * s[k]) as usize);
+                    let o: [usize; 6] = std::array::from_fn(|k| (off[k] + r * s[k]) as usize);
                     let (mu, rs) = (mean[gi], rstd[gi]);
                     gi += 1;
-                    let (mut sg, mut sgx, mut s1, mut s2) = (0.0, 0.0, 0.0, 0.0);
-                    for_each_row(&nd, [&xn, &gn, &cn], [o[0], o[1], o[3]], |p, n, st| {
+                    let (mut s1, mut s2, mut sgx, mut sg) = (0.0, 0.0, 0.0, 0.0);
+                    let base = [o[0], o[1], o[3], o[4], o[5]];
+                    for_each_row(&nd, [&xn, &gn, &cn, &an, &bn], base, |p, n, st| {
                         for i in 0..n as isize {
                             let at = |k: usize| (p[k] + i * st[k]) as usize;
                             let xh = (xd[at(0)].to_f64() - mu) * rs;
                             let gv = gd[at(1)].to_f64();
                             let dxh = gv * gamma.data[at(2)].to_f64();
-                            sg += gv;
-                            sgx += gv * xh;
+                            if per_element {
+                                dgamma[at(3)] += gv * xh;
+                                dbeta[at(4)] += gv;
+                            } else {
+                                sgx += gv * xh;
+                                sg += gv;
+                            }
                             s1 += dxh;
                             s2 += dxh * xh;
                         }
                     });
-                    sum_g.push(sg);
-                    sum_g_xhat.push(sgx);
+                    if !per_element {
+                        dgamma[o[4]] += sgx;
+                        dbeta[o[5]] += sg;
+                    }
                     let (m1, m2) = if batch_stats {
                         (s1 / m, s2 / m)
                     } else {
                         (0.0, 0.0)
                     };
-                    for_each_row(&nd, [&xn, &gn, &yn, &cn], o, |p, n, st| {
+                    let base = [o[0], o[1], o[2], o[3]];
+                    for_each_row(&nd, [&xn, &gn, &yn, &cn], base, |p, n, st| {
                         for i in 0..n as isize {
                             let at = |k: usize| (p[k] + i * st[k]) as usize;
                             let xh = (xd[at(0)].to_f64() - mu) * rs;
@@ -239,12 +261,5 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
             },
         );
     })?;
-    // No elements (a zero-size batch): every group's sums are 0.
-    sum_g.resize(groups, 0.0);
-    sum_g_xhat.resize(groups, 0.0);
-    Ok(NormGrad {
-        dx,
-        sum_g,
-        sum_g_xhat,
-    })
+    Ok(NormGrad { dx, dgamma, dbeta })
 }
