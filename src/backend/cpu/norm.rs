@@ -154,6 +154,42 @@ pub(crate) fn update_running<T: Native>(
     }
 }
 
+/// Elements of a row that [`normalize_grad_kernel`] converts to f64 at a time.
+const CHUNK: usize = 64;
+
+/// `out[i] = d[p + i*s]` as f64 (a contiguous row converts as one vectorised loop).
+#[inline(always)]
+fn load<T: Native>(d: &[T], p: isize, s: isize, out: &mut [f64]) {
+    match s {
+        1 => {
+            let src = &d[p as usize..p as usize + out.len()];
+            for (o, v) in out.iter_mut().zip(src) {
+                *o = v.to_f64();
+            }
+        }
+        0 => out.fill(d[p as usize].to_f64()),
+        _ => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = d[(p + i as isize * s) as usize].to_f64();
+            }
+        }
+    }
+}
+
+/// `acc[p + i*s] += v_i`.
+#[inline(always)]
+fn add_strided(acc: &mut [f64], p: isize, s: isize, v: impl Iterator<Item = f64>) {
+    if s == 1 {
+        for (a, x) in acc[p as usize..].iter_mut().zip(v) {
+            *a += x;
+        }
+    } else {
+        for (i, x) in v.enumerate() {
+            acc[(p + i as isize * s) as usize] += x;
+        }
+    }
+}
+
 /// What [`normalize_grad_kernel`] gives back: `dx` (contiguous, `x`'s shape) and the
 /// sums `Σ g * xhat` and `Σ g` into their accumulators (gamma's and beta's gradients).
 pub(crate) struct NormGrad {
@@ -220,28 +256,57 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
                     let o: [usize; 6] = std::array::from_fn(|k| (off[k] + r * s[k]) as usize);
                     let (mu, rs) = (mean[gi], rstd[gi]);
                     gi += 1;
-                    let (mut s1, mut s2, mut sgx, mut sg) = (0.0, 0.0, 0.0, 0.0);
+                    // Lanes of Σ dxhat, Σ dxhat*xhat, Σ g*xhat, Σ g (four sums each, so
+                    // the loops vectorise).
+                    let mut lanes = [[0.0f64; 4]; 4];
                     let base = [o[0], o[1], o[3], o[4], o[5]];
+                    let (mut xs, mut gs, mut cs) = ([0.0; CHUNK], [0.0; CHUNK], [0.0; CHUNK]);
                     for_each_row(&nd, [&xn, &gn, &cn, &an, &bn], base, |p, n, st| {
-                        for i in 0..n as isize {
-                            let at = |k: usize| (p[k] + i * st[k]) as usize;
-                            let xh = (xd[at(0)].to_f64() - mu) * rs;
-                            let gv = gd[at(1)].to_f64();
-                            let dxh = gv * gamma.data[at(2)].to_f64();
-                            if per_element {
-                                dgamma[at(3)] += gv * xh;
-                                dbeta[at(4)] += gv;
-                            } else {
-                                sgx += gv * xh;
-                                sg += gv;
+                        for c0 in (0..n).step_by(CHUNK) {
+                            let k = CHUNK.min(n - c0);
+                            let at = |j: usize| p[j] + c0 as isize * st[j];
+                            let (xs, gs, cs) = (&mut xs[..k], &mut gs[..k], &mut cs[..k]);
+                            load(xd, at(0), st[0], xs);
+                            load(gd, at(1), st[1], gs);
+                            load(gamma.data, at(2), st[2], cs);
+                            for x in xs.iter_mut() {
+                                *x = (*x - mu) * rs; // xhat
                             }
-                            s1 += dxh;
-                            s2 += dxh * xh;
+                            let (xq, gq, cq) =
+                                (xs.chunks_exact(4), gs.chunks_exact(4), cs.chunks_exact(4));
+                            let tail = xq.remainder().len();
+                            for ((x4, g4), c4) in xq.zip(gq).zip(cq) {
+                                for l in 0..4 {
+                                    let dxh = g4[l] * c4[l];
+                                    lanes[0][l] += dxh;
+                                    lanes[1][l] += dxh * x4[l];
+                                    lanes[2][l] += g4[l] * x4[l];
+                                    lanes[3][l] += g4[l];
+                                }
+                            }
+                            for i in k - tail..k {
+                                let dxh = gs[i] * cs[i];
+                                lanes[0][0] += dxh;
+                                lanes[1][0] += dxh * xs[i];
+                                lanes[2][0] += gs[i] * xs[i];
+                                lanes[3][0] += gs[i];
+                            }
+                            if per_element {
+                                add_strided(
+                                    &mut dgamma,
+                                    at(3),
+                                    st[3],
+                                    xs.iter().zip(gs.iter()).map(|(x, g)| g * x),
+                                );
+                                add_strided(&mut dbeta, at(4), st[4], gs.iter().copied());
+                            }
                         }
                     });
+                    let sum = |l: [f64; 4]| (l[0] + l[1]) + (l[2] + l[3]);
+                    let (s1, s2) = (sum(lanes[0]), sum(lanes[1]));
                     if !per_element {
-                        dgamma[o[4]] += sgx;
-                        dbeta[o[5]] += sg;
+                        dgamma[o[4]] += sum(lanes[2]);
+                        dbeta[o[5]] += sum(lanes[3]);
                     }
                     let (m1, m2) = if batch_stats {
                         (s1 / m, s2 / m)
@@ -250,11 +315,28 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
                     };
                     let base = [o[0], o[1], o[2], o[3]];
                     for_each_row(&nd, [&xn, &gn, &yn, &cn], base, |p, n, st| {
-                        for i in 0..n as isize {
-                            let at = |k: usize| (p[k] + i * st[k]) as usize;
-                            let xh = (xd[at(0)].to_f64() - mu) * rs;
-                            let dxh = gd[at(1)].to_f64() * gamma.data[at(3)].to_f64();
-                            out[at(2)] = T::from_f64(rs * (dxh - m1 - xh * m2));
+                        for c0 in (0..n).step_by(CHUNK) {
+                            let k = CHUNK.min(n - c0);
+                            let at = |j: usize| p[j] + c0 as isize * st[j];
+                            let (xs, gs, cs) = (&mut xs[..k], &mut gs[..k], &mut cs[..k]);
+                            load(xd, at(0), st[0], xs);
+                            load(gd, at(1), st[1], gs);
+                            load(gamma.data, at(3), st[3], cs);
+                            for ((x, g), c) in xs.iter_mut().zip(gs.iter()).zip(cs.iter()) {
+                                let xh = (*x - mu) * rs;
+                                *x = rs * (g * c - m1 - xh * m2);
+                            }
+                            let (y0, ys) = (at(2), st[2]);
+                            if ys == 1 {
+                                let dst = &mut out[y0 as usize..y0 as usize + k];
+                                for (d, &v) in dst.iter_mut().zip(xs.iter()) {
+                                    *d = T::from_f64(v);
+                                }
+                            } else {
+                                for (i, &v) in xs.iter().enumerate() {
+                                    out[(y0 + i as isize * ys) as usize] = T::from_f64(v);
+                                }
+                            }
                         }
                     });
                 }
