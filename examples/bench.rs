@@ -40,9 +40,13 @@
 //!
 //! Built with `--features gpu`, on the first GPU that `devices()` lists:
 //! `gpu_add10_enqueue_ns` is the host cost of queueing an add of two [10] F32 arrays on
-//! the device and closing the result (no wait); `gpu_add16M_GBps` (3 x 64 MiB moved)
-//! and `gpu_sum16M_GBps` (64 MiB read) and `gpu_matmul2048_GFLOPs` (F32) time the op
-//! plus `synchronize`. Without a GPU they are `null`.
+//! the device and closing the result (no wait): the calling thread's CPU time per op.
+//! `gpu_add10_enqueue_wall_ns` is the wall time of the same loop; on a software driver
+//! (llvmpipe) it also holds the "GPU" executing on the same cores. `gpu_add16M_GBps`
+//! (3 x 64 MiB moved) and `gpu_sum16M_GBps` (64 MiB read) and `gpu_matmul2048_GFLOPs`
+//! (F32) time the op plus `synchronize`; `gpu_linreg_step_us` is one step of the
+//! README's loop with autograd, data and parameters on the device (an epoch of 100
+//! steps, then `synchronize`). Without a GPU they are `null`.
 
 use ndscope::{DType, GradientCollector, NDArray, NDManager, NDScope};
 use std::future::Future;
@@ -62,7 +66,7 @@ fn median_ns(repeats: usize, iters: usize, mut f: impl FnMut()) -> f64 {
     for _ in 0..iters.clamp(1, 1000) {
         f(); // warm up (caches, pool)
     }
-    let mut v: Vec<f64> = (0..repeats)
+    let v: Vec<f64> = (0..repeats)
         .map(|_| {
             let t = Instant::now();
             for _ in 0..iters {
@@ -71,6 +75,11 @@ fn median_ns(repeats: usize, iters: usize, mut f: impl FnMut()) -> f64 {
             t.elapsed().as_nanos() as f64 / iters as f64
         })
         .collect();
+    median(v)
+}
+
+/// The median of `v` (not empty).
+fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -547,7 +556,7 @@ fn main() {
     let gpu = if run("gpu") {
         gpu_keys(quick, r)
     } else {
-        [None; 4]
+        [None; GPU_KEYS]
     };
     let threads = rayon::current_num_threads();
     let rss = peak_rss_mb();
@@ -728,15 +737,35 @@ fn main() {
             2,
             "x",
         ),
-        ("gpu_add10_enqueue_ns", "gpu: queue add10", gpu[0], 0, "ns"),
-        ("gpu_add16M_GBps", "gpu: add 16M f32", gpu[1], 1, "GB/s"),
-        ("gpu_sum16M_GBps", "gpu: sum 16M f32", gpu[2], 1, "GB/s"),
+        (
+            "gpu_add10_enqueue_ns",
+            "gpu: queue add10 (thread CPU)",
+            gpu[0],
+            0,
+            "ns",
+        ),
+        (
+            "gpu_add10_enqueue_wall_ns",
+            "gpu: queue add10 (wall)",
+            gpu[1],
+            0,
+            "ns",
+        ),
+        ("gpu_add16M_GBps", "gpu: add 16M f32", gpu[2], 1, "GB/s"),
+        ("gpu_sum16M_GBps", "gpu: sum 16M f32", gpu[3], 1, "GB/s"),
         (
             "gpu_matmul2048_GFLOPs",
             "gpu: matmul 2048 f32",
-            gpu[3],
+            gpu[4],
             1,
             "GFLOP/s",
+        ),
+        (
+            "gpu_linreg_step_us",
+            "gpu: linreg step (autograd)",
+            gpu[5],
+            1,
+            "us",
         ),
         ("peak_rss_mb", "peak RSS", Some(rss), 1, "MiB"),
     ];
@@ -760,16 +789,34 @@ fn main() {
 
 /// The GPU keys (see the module docs), on the first GPU; `None` without one.
 #[cfg(feature = "gpu")]
-fn gpu_keys(quick: bool, r: usize) -> [Option<f64>; 4] {
+fn gpu_keys(quick: bool, r: usize) -> [Option<f64>; GPU_KEYS] {
     use ndscope::{Device, devices, synchronize};
     let Some(d) = devices().into_iter().find(|d| d.device != Device::Cpu) else {
-        return [None; 4];
+        return [None; GPU_KEYS];
     };
     let d = d.device;
     let m = NDManager::new_on(d);
     let it = |n: usize| if quick { 2 } else { n };
     let (a, b) = (m.ones([10], DType::F32), m.ones([10], DType::F32));
-    let enqueue = median_ns(r, it(20_000), op_then_close(|| a + b));
+    // The calling thread's CPU time per queued op (the host cost), and the wall time of
+    // the same loop, which on a software driver also holds the "GPU" running on the
+    // same cores.
+    let (mut cpu, mut wall) = (Vec::new(), Vec::new());
+    let iters = it(20_000);
+    for _ in 0..iters.min(1000) {
+        (a + b).close(); // warm up (the pipeline, the pool, bind groups)
+    }
+    for _ in 0..r {
+        synchronize(d).expect("the device");
+        let (c0, t0) = (cpu_time::ThreadTime::now(), Instant::now());
+        for _ in 0..iters {
+            let c = a + b;
+            black_box(c);
+            c.close();
+        }
+        cpu.push(c0.elapsed().as_nanos() as f64 / iters as f64);
+        wall.push(t0.elapsed().as_nanos() as f64 / iters as f64);
+    }
     synchronize(d).expect("the device");
     let n = if quick { 1 << 10 } else { 1 << 24 };
     let (x, y) = (m.ones([n], DType::F32), m.ones([n], DType::F32));
@@ -786,17 +833,33 @@ fn gpu_keys(quick: bool, r: usize) -> [Option<f64>; 4] {
     let k = if quick { 64 } else { 2048 };
     let (p, q) = (m.ones([k, k], DType::F32), m.ones([k, k], DType::F32));
     let mm = timed(&|| p.matmul(q));
+    // The README's loop with autograd, data and parameters on the device: one epoch of
+    // 100 steps, then a wait for the device.
+    let data = make_data(&m);
+    let params = new_params(&m, true);
+    let slices = batches();
+    let steps = if quick { 3 } else { slices.len() };
+    let linreg = median_ns(r.min(5), it(3), || {
+        linreg_steps(data, params, &slices, steps, true);
+        synchronize(d).expect("the device");
+    }) / 1e3
+        / steps as f64;
     m.close();
     let bytes = (n * 4) as f64;
     [
-        Some(enqueue),
+        Some(median(cpu)),
+        Some(median(wall)),
         Some(3.0 * bytes / add),
         Some(bytes / sum),
         Some(2.0 * (k * k * k) as f64 / mm),
+        Some(linreg),
     ]
 }
 
 #[cfg(not(feature = "gpu"))]
-fn gpu_keys(_: bool, _: usize) -> [Option<f64>; 4] {
-    [None; 4]
+fn gpu_keys(_: bool, _: usize) -> [Option<f64>; GPU_KEYS] {
+    [None; GPU_KEYS]
 }
+
+/// How many figures [`gpu_keys`] gives.
+const GPU_KEYS: usize = 6;

@@ -340,3 +340,62 @@ fn scopes_free_device_memory_and_empty_cache_returns_it() {
     m.close();
     assert_eq!(memory_on(d).live_bytes, base.live_bytes - (1 << 18));
 }
+
+/// The launch path caches bind groups by buffer and packs each batch's parameter words
+/// into one arena at dynamic offsets. Results must not see another launch's words or
+/// buffers: the same buffers with a different scalar per launch across many batches
+/// (a stale offset or group would repeat a scalar), freed and reused results, a
+/// parameter block too large for the arena (a matmul of 700 batches), and launches
+/// after `empty_cache` destroyed the buffers that cached groups named.
+#[test]
+fn cached_launches_read_their_own_parameters_and_buffers() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let g = NDManager::new_on(d);
+    let a = g.create(&vals(10, 1), [10]);
+    let host = a.to_vec::<f32>().unwrap();
+    // 700 launches: more than a batch (submitted past a count) many times over, on the
+    // same input buffer and, once each result closes, the same output buffer.
+    let mut sums = [0.0f32; 10];
+    for i in 0..700 {
+        let c = a + i as f32;
+        if i % 7 == 0 {
+            // Read now and then: a read submits mid-batch.
+            let v = c.to_vec::<f32>().unwrap();
+            for (j, x) in v.iter().enumerate() {
+                assert_eq!(*x, host[j] + i as f32, "launch {i}, element {j}");
+            }
+        }
+        sums.iter_mut()
+            .zip(c.to_vec::<f32>().unwrap())
+            .for_each(|(s, x)| *s += x);
+        c.close();
+    }
+    for (j, s) in sums.iter().enumerate() {
+        let want: f32 = (0..700).map(|i| host[j] + i as f32).sum();
+        assert!(
+            (s - want).abs() <= 1e-3 * want.abs(),
+            "sum {j}: {s} vs {want}"
+        );
+    }
+    // Queued without reads in between: each result is read only at the end.
+    let kept: Vec<NDArray> = (0..300).map(|i| a * (i as f32)).collect();
+    for (i, k) in kept.iter().enumerate() {
+        let v = k.to_vec::<f32>().unwrap();
+        assert_eq!(v[3], host[3] * i as f32, "queued launch {i}");
+    }
+    // A parameter block past the arena's binding: 700 batches of 2x3 @ 3x2.
+    let m = NDManager::new();
+    let x = m.create(&vals(700 * 6, 2), [700, 2, 3]);
+    let y = m.create(&vals(700 * 6, 3), [700, 3, 2]);
+    same("700 batches", d, &[&x, &y], 1e-4, |v| v[0].matmul(v[1]));
+    // After the cache is emptied, new buffers (and new bind groups) serve the same ops.
+    for k in kept {
+        k.close();
+    }
+    empty_cache();
+    let c = a + 1.0;
+    assert_eq!(c.to_vec::<f32>().unwrap()[0], host[0] + 1.0);
+    m.close();
+    g.close();
+}

@@ -16,7 +16,7 @@
 //! as it does on the CPU.
 
 use super::GpuBuffer;
-use super::kernels::{MAX_DIMS, View, binop_expr, launch, wgsl_type};
+use super::kernels::{INDEX_FN, MAX_DIMS, View, binop_expr, wgsl_type};
 use crate::DType;
 use crate::error::{NdError, Result};
 use crate::layout::Layout;
@@ -73,7 +73,7 @@ pub(crate) fn assign(
     let ty = wgsl_type(t.dtype);
     let xty = x.as_ref().map(|x| wgsl_type(x.dtype));
     let key = format!("inplace {expr} {ty} {xty:?}");
-    let pipeline = ctx.pipeline(&key, || {
+    let pipeline = ctx.pipeline(&key, (usize::from(xty.is_some()), 1), || {
         let mut src = String::from("@group(0) @binding(0) var<storage, read> prm: array<i32>;\n");
         if let Some(xt) = xty {
             src += &format!("@group(0) @binding(1) var<storage, read> inx: array<{xt}>;\n");
@@ -82,19 +82,8 @@ pub(crate) fn assign(
             "@group(0) @binding({}) var<storage, read_write> dst: array<{ty}>;\n",
             1 + usize::from(xty.is_some())
         );
+        src += INDEX_FN;
         src += "
-fn at(i: u32, k: u32) -> i32 {
-    let nd = u32(prm[1]);
-    var rem = i;
-    var idx = prm[2u + k];
-    for (var j = 0u; j < nd; j++) {
-        let d = nd - 1u - j;
-        let s = u32(prm[4u + d]);
-        idx += i32(rem % s) * prm[12u + 8u * k + d];
-        rem = rem / s;
-    }
-    return idx;
-}
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w: vec3<u32>) {
     let i = g.x + g.y * w.x * 256u;
@@ -114,8 +103,8 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w:
     let gx = groups.min(65_535);
     let grid = (gx as u32, groups.div_ceil(gx) as u32, 1);
     match &x {
-        Some(x) => launch(ctx, pipeline, &prm, &[x.buf], &[t.buf], grid),
-        None => launch(ctx, pipeline, &prm, &[], &[t.buf], grid),
+        Some(x) => ctx.launch(pipeline, &prm, &[x.buf], &[t.buf], grid),
+        None => ctx.launch(pipeline, &prm, &[], &[t.buf], grid),
     }
     Ok(())
 }

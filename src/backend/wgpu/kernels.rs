@@ -70,7 +70,9 @@ fn grid(n: usize) -> (u32, u32, u32) {
     (x as u32, groups.div_ceil(x) as u32, 1)
 }
 
-const INDEX_FN: &str = "
+/// `at(i, k)`: the element of input `k` that output element `i` reads (see the module
+/// docs for the parameter words).
+pub(crate) const INDEX_FN: &str = "
 fn at(i: u32, k: u32) -> i32 {
     let nd = u32(prm[1]);
     var rem = i;
@@ -127,7 +129,7 @@ fn elementwise(
     prm[28] = scalar as i32;
     let ts: Vec<&str> = inputs.iter().map(|v| wgsl_type(v.dtype)).collect();
     let key = format!("ew {expr} {ts:?} {}", wgsl_type(out));
-    let pipeline = ctx.pipeline(&key, || {
+    let pipeline = ctx.pipeline(&key, (inputs.len(), 1), || {
         let mut src = String::from("@group(0) @binding(0) var<storage, read> prm: array<i32>;\n");
         let names = ["x", "y"];
         for (k, t) in ts.iter().enumerate() {
@@ -153,45 +155,8 @@ fn elementwise(
     });
     let prm: Vec<u32> = prm.iter().map(|&w| w as u32).collect();
     let reads: Vec<&GpuBuffer> = inputs.iter().map(|v| v.buf).collect();
-    launch(ctx, pipeline, &prm, &reads, &[&dst], grid(n));
+    ctx.launch(pipeline, &prm, &reads, &[&dst], grid(n));
     Ok(dst)
-}
-
-/// Record one launch of `pipeline` over `grid` workgroups: binding 0 holds the
-/// parameter words `prm`, bindings `1..` the buffers `reads` and then `writes`, in
-/// order (every kernel's bind group has that shape, so this is the one place that
-/// binds and dispatches).
-pub(crate) fn launch(
-    ctx: &Ctx,
-    pipeline: &wgpu::ComputePipeline,
-    prm: &[u32],
-    reads: &[&GpuBuffer],
-    writes: &[&GpuBuffer],
-    (x, y, z): (u32, u32, u32),
-) {
-    let params = ctx.params(prm);
-    let mut entries = Vec::with_capacity(1 + reads.len() + writes.len());
-    entries.push(wgpu::BindGroupEntry {
-        binding: 0,
-        resource: params.as_entire_binding(),
-    });
-    for (k, b) in reads.iter().chain(writes).enumerate() {
-        entries.push(wgpu::BindGroupEntry {
-            binding: k as u32 + 1,
-            resource: b.raw().as_entire_binding(),
-        });
-    }
-    let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: None,
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &entries,
-    });
-    ctx.record(|enc| {
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-        pass.set_pipeline(pipeline);
-        pass.set_bind_group(0, &bind, &[]);
-        pass.dispatch_workgroups(x, y, z);
-    });
 }
 
 /// The WGSL of `op` over operands `x` and `y` in type `t`; `None` where the device has
@@ -383,7 +348,7 @@ pub(crate) fn reduce(
         ),
     };
     let key = format!("reduce {kind:?}");
-    let pipeline = ctx.pipeline(&key, || {
+    let pipeline = ctx.pipeline(&key, (1, 1), || {
         format!(
             "@group(0) @binding(0) var<storage, read> prm: array<i32>;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
@@ -432,8 +397,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) w: vec3<u
     });
     let prm: Vec<u32> = prm.iter().map(|&w| w as u32).collect();
     let x = n_out.min(65_535);
-    launch(
-        ctx,
+    ctx.launch(
         pipeline,
         &prm,
         &[a.buf],
@@ -479,7 +443,7 @@ pub(crate) fn matmul(
         prm.push(oa as i32 as u32);
         prm.push(ob as i32 as u32);
     }
-    let pipeline = ctx.pipeline("matmul f32", || {
+    let pipeline = ctx.pipeline("matmul f32", (2, 1), || {
         "@group(0) @binding(0) var<storage, read> prm: array<i32>;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;
@@ -519,6 +483,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
         m.div_ceil(16) as u32,
         offsets.len() as u32,
     );
-    launch(ctx, pipeline, &prm, &[a.buf, b.buf], &[&dst], groups);
+    ctx.launch(pipeline, &prm, &[a.buf, b.buf], &[&dst], groups);
     Ok(dst)
 }

@@ -16,6 +16,12 @@
 //!   buffer. [`empty_cache`] returns the cached buffers to the driver.
 //! * **Work is queued**: kernels record into the device's pending encoder, submitted
 //!   on a read ([`download`]), before a host write, and past [`MAX_PENDING`] commands.
+//! * **A launch creates nothing** in the steady state ([`Ctx::launch`]), since a small
+//!   op's host cost is what it costs: its parameter words go into the batch's slice of
+//!   one arena buffer (bound at a dynamic offset, written once per batch just before
+//!   it is submitted), its bind group comes from a cache keyed by the pool serials of
+//!   its buffers (a training loop gets the same pooled buffers back, so the same
+//!   groups), and its dispatch goes into the batch's one open compute pass.
 //! * **Dtypes**: F32 and I32 as themselves; U8 and Bool as one `u32` per element
 //!   (WGSL has no 8-bit storage type), so they take 4 bytes an element on the device;
 //!   I64 and F64 are refused (`UnsupportedDType`) until a kernel set needs them.
@@ -36,7 +42,19 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 /// Commands queued on a device before they are submitted without waiting for a read.
-pub(crate) const MAX_PENDING: usize = 64;
+pub(crate) const MAX_PENDING: usize = 128;
+
+/// The most parameter bytes one launch binds from the arena (larger blocks get a
+/// buffer of their own).
+const PARAM_BINDING: usize = 4096;
+
+/// Bytes of a device's parameter arena: a batch's launches, at most [`MAX_PENDING`],
+/// each up to [`PARAM_BINDING`] bytes; a batch that would overflow it is submitted
+/// first.
+const ARENA_BYTES: usize = 256 * 1024;
+
+/// Cached bind groups per device before the cache starts over.
+const MAX_BIND_GROUPS: usize = 4096;
 
 /// What [`adapters`] lists of one GPU.
 pub(crate) struct AdapterInfo {
@@ -100,20 +118,56 @@ pub(crate) struct Ctx {
     /// The largest buffer a kernel may bind.
     pub(crate) max_binding: u64,
     pending: Mutex<Pending>,
-    pipelines: Mutex<HashMap<String, &'static wgpu::ComputePipeline>>,
+    pipelines: Mutex<HashMap<String, &'static Kernel>>,
+    layouts: Mutex<HashMap<(usize, usize), &'static Layouts>>,
+    /// Bind groups of recent launches, by the buffers they bind; cleared when the
+    /// cache is emptied (its buffers are destroyed) and when it grows past
+    /// [`MAX_BIND_GROUPS`].
+    bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
+    /// The parameter words of a batch's launches, each at its own aligned offset
+    /// (bound with a dynamic offset, so one bind group serves every offset).
+    arena: wgpu::Buffer,
+    /// `min_storage_buffer_offset_alignment`.
+    param_align: usize,
     pool: Mutex<Pool>,
 }
 
+/// What is recorded and not yet submitted: one encoder, the compute pass open on it
+/// (every dispatch of a batch goes into one pass), and the batch's parameter words,
+/// written into [`Ctx::arena`] just before the batch is submitted.
 #[derive(Default)]
 struct Pending {
     encoder: Option<wgpu::CommandEncoder>,
+    pass: Option<wgpu::ComputePass<'static>>,
     commands: usize,
+    params: Vec<u8>,
 }
+
+/// A compiled kernel: its pipeline and the shape of its bind group (binding 0 the
+/// parameter words, then `reads` read-only buffers, then `writes` read-write ones).
+pub(crate) struct Kernel {
+    pipeline: wgpu::ComputePipeline,
+    reads: usize,
+    writes: usize,
+}
+
+/// The bind group layouts of one shape (reads, writes) and their pipeline layout.
+struct Layouts {
+    group: wgpu::BindGroupLayout,
+    pipeline: wgpu::PipelineLayout,
+}
+
+/// A cached bind group's key: the layout's shape and the pool serials of its buffers
+/// (serials are never reused, so a key never names a different buffer).
+type BindKey = (usize, usize, smallvec::SmallVec<[u64; 4]>);
 
 /// Cached and live device buffers of one device.
 #[derive(Default)]
 struct Pool {
-    free: HashMap<u64, Vec<wgpu::Buffer>>,
+    /// Cached buffers by size class, each with its serial.
+    free: HashMap<u64, Vec<(wgpu::Buffer, u64)>>,
+    /// The serial of the next buffer created.
+    next_serial: u64,
     cached_bytes: u64,
     live_buffers: usize,
     live_bytes: u64,
@@ -157,6 +211,12 @@ fn open(index: usize, adapter: &wgpu::Adapter) -> std::result::Result<Ctx, Strin
     };
     let (device, queue) =
         pollster::block_on(adapter.request_device(&desc)).map_err(|e| e.to_string())?;
+    let arena = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("ndscope parameters"),
+        size: ARENA_BYTES as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
     Ok(Ctx {
         index,
         device,
@@ -166,6 +226,10 @@ fn open(index: usize, adapter: &wgpu::Adapter) -> std::result::Result<Ctx, Strin
             .min(limits.max_buffer_size),
         pending: Mutex::default(),
         pipelines: Mutex::default(),
+        layouts: Mutex::default(),
+        bind_groups: Mutex::default(),
+        arena,
+        param_align: limits.min_storage_buffer_offset_alignment.max(4) as usize,
         pool: Mutex::default(),
     })
 }
@@ -203,9 +267,14 @@ impl Ctx {
             }
             b
         };
-        let buf = match cached {
+        let (buf, serial) = match cached {
             Some(b) => b,
-            None => self.create(class)?,
+            None => {
+                let b = self.create(class)?;
+                let mut p = self.pool.lock();
+                p.next_serial += 1;
+                (b, p.next_serial)
+            }
         };
         let mut p = self.pool.lock();
         p.live_buffers += 1;
@@ -214,6 +283,7 @@ impl Ctx {
         Ok(GpuBuffer {
             ctx: self,
             buf: Some(buf),
+            serial,
             bytes: bytes as usize,
         })
     }
@@ -246,13 +316,13 @@ impl Ctx {
         })
     }
 
-    fn give_back(&self, buf: wgpu::Buffer, bytes: usize) {
+    fn give_back(&self, buf: wgpu::Buffer, serial: u64, bytes: usize) {
         let class = buf.size();
         let mut p = self.pool.lock();
         p.live_buffers -= 1;
         p.live_bytes -= bytes as u64;
         p.cached_bytes += class;
-        p.free.entry(class).or_default().push(buf);
+        p.free.entry(class).or_default().push((buf, serial));
     }
 
     /// Return every cached buffer to the driver (after the queued work, which may
@@ -263,9 +333,11 @@ impl Ctx {
             p.cached_bytes = 0;
             std::mem::take(&mut p.free)
         };
+        // Cached bind groups may name these buffers.
+        self.bind_groups.lock().clear();
         self.flush();
         let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
-        for b in free.into_values().flatten() {
+        for (b, _) in free.into_values().flatten() {
             b.destroy();
         }
         let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
@@ -293,9 +365,11 @@ impl Ctx {
             .map(|r| r.total_allocated_bytes as usize)
     }
 
-    /// Record into the pending encoder; submitted past [`MAX_PENDING`] commands.
+    /// Record a command other than a dispatch (a copy) into the pending encoder, after
+    /// ending the open compute pass; submitted past [`MAX_PENDING`] commands.
     pub(crate) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         let mut p = self.pending.lock();
+        p.pass = None; // ends the pass, so the encoder can record again
         let enc = p.encoder.get_or_insert_with(|| {
             self.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
@@ -303,29 +377,78 @@ impl Ctx {
         f(enc);
         p.commands += 1;
         if p.commands >= MAX_PENDING {
-            let enc = p.encoder.take().expect("recorded above");
-            p.commands = 0;
-            self.queue.submit([enc.finish()]);
+            self.submit(&mut p);
         }
     }
 
     /// Submit the queued commands.
     pub(crate) fn flush(&self) {
-        let mut p = self.pending.lock();
+        self.submit(&mut self.pending.lock());
+    }
+
+    /// End the open pass, write the batch's parameter words into the arena (a queued
+    /// write runs before the commands of the submission that follows it, and after
+    /// every earlier submission, which read the arena's previous contents) and submit.
+    fn submit(&self, p: &mut Pending) {
+        p.pass = None;
+        p.commands = 0;
         if let Some(enc) = p.encoder.take() {
-            p.commands = 0;
+            if !p.params.is_empty() {
+                self.queue.write_buffer(&self.arena, 0, &p.params);
+                p.params.clear();
+            }
             self.queue.submit([enc.finish()]);
         }
     }
 
-    /// The cached pipeline of `key`, built from `source` (WGSL, entry point `main`)
-    /// on first use. Pipelines live as long as the process (a bounded set: one per
-    /// kernel and dtype).
+    /// The bind group layouts of kernels with `reads` inputs and `writes` outputs.
+    fn layouts(&self, reads: usize, writes: usize) -> &'static Layouts {
+        if let Some(l) = self.layouts.lock().get(&(reads, writes)) {
+            return l;
+        }
+        let entry = |binding: usize, read_only: bool, has_dynamic_offset: bool| {
+            wgpu::BindGroupLayoutEntry {
+                binding: binding as u32,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only },
+                    has_dynamic_offset,
+                    min_binding_size: None,
+                },
+                count: None,
+            }
+        };
+        let entries: Vec<_> = std::iter::once(entry(0, true, true))
+            .chain((1..=reads).map(|b| entry(b, true, false)))
+            .chain((reads + 1..=reads + writes).map(|b| entry(b, false, false)))
+            .collect();
+        let group = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: None,
+                entries: &entries,
+            });
+        let pipeline = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: None,
+                bind_group_layouts: &[Some(&group)],
+                immediate_size: 0,
+            });
+        let l: &'static Layouts = Box::leak(Box::new(Layouts { group, pipeline }));
+        self.layouts.lock().insert((reads, writes), l);
+        l
+    }
+
+    /// The cached kernel of `key`, built from `source` (WGSL, entry point `main`, its
+    /// bindings as [`Kernel`] describes) on first use. Kernels live as long as the
+    /// process (a bounded set: one per op and dtype).
     pub(crate) fn pipeline(
         &self,
         key: &str,
+        (reads, writes): (usize, usize),
         source: impl FnOnce() -> String,
-    ) -> &'static wgpu::ComputePipeline {
+    ) -> &'static Kernel {
         if let Some(p) = self.pipelines.lock().get(key) {
             return p;
         }
@@ -335,35 +458,139 @@ impl Ctx {
                 label: Some(key),
                 source: wgpu::ShaderSource::Wgsl(source().into()),
             });
-        let p = self
+        let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(key),
-                layout: None,
+                layout: Some(&self.layouts(reads, writes).pipeline),
                 module: &module,
                 entry_point: Some("main"),
                 compilation_options: Default::default(),
                 cache: None,
             });
-        let p: &'static wgpu::ComputePipeline = Box::leak(Box::new(p));
-        self.pipelines.lock().insert(key.to_string(), p);
-        p
+        let k: &'static Kernel = Box::leak(Box::new(Kernel {
+            pipeline,
+            reads,
+            writes,
+        }));
+        self.pipelines.lock().insert(key.to_string(), k);
+        k
     }
 
-    /// A small read-only buffer holding `words` (kernel parameters); not pooled, so a
-    /// queued command keeps reading what it was given.
-    pub(crate) fn params(&self, words: &[u32]) -> wgpu::Buffer {
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    /// Record one launch of `kernel` over `grid` workgroups: binding 0 the parameter
+    /// words `prm`, bindings `1..` the buffers `reads` and then `writes`, in order
+    /// (every kernel's bind group has that shape, so this is the one place that binds
+    /// and dispatches).
+    ///
+    /// A small op's host cost is what this costs, so nothing here is created per
+    /// launch in the steady state: the words go into the batch's arena at an aligned
+    /// offset (a dynamic offset of binding 0), the bind group comes from a cache keyed
+    /// by the buffers' serials, and the dispatch goes into the batch's one open pass.
+    pub(crate) fn launch(
+        &self,
+        kernel: &Kernel,
+        prm: &[u32],
+        reads: &[&GpuBuffer],
+        writes: &[&GpuBuffer],
+        (x, y, z): (u32, u32, u32),
+    ) {
+        debug_assert_eq!((reads.len(), writes.len()), (kernel.reads, kernel.writes));
+        let bytes: &[u8] = bytemuck::cast_slice(prm);
+        let mut p = self.pending.lock();
+        let (group, offset) = if bytes.len() <= PARAM_BINDING {
+            let mut at = p.params.len().next_multiple_of(self.param_align);
+            if at + PARAM_BINDING > ARENA_BYTES {
+                self.submit(&mut p);
+                at = 0;
+            }
+            p.params.resize(at, 0);
+            p.params.extend_from_slice(bytes);
+            let key: BindKey = (
+                reads.len(),
+                writes.len(),
+                reads.iter().chain(writes).map(|b| b.serial).collect(),
+            );
+            let mut cache = self.bind_groups.lock();
+            if cache.len() >= MAX_BIND_GROUPS && !cache.contains_key(&key) {
+                cache.clear();
+            }
+            let g = cache
+                .entry(key)
+                .or_insert_with(|| {
+                    self.bind_group(kernel, &self.arena, PARAM_BINDING, reads, writes)
+                })
+                .clone();
+            (g, at as u32)
+        } else {
+            // A block too large for the arena: a buffer and bind group of its own.
+            let own = self.params(bytes);
+            (self.bind_group(kernel, &own, bytes.len(), reads, writes), 0)
+        };
+        if p.pass.is_none() {
+            let enc = p.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+            });
+            p.pass = Some(
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default())
+                    .forget_lifetime(),
+            );
+        }
+        let pass = p.pass.as_mut().expect("opened above");
+        pass.set_pipeline(&kernel.pipeline);
+        pass.set_bind_group(0, &group, &[offset]);
+        pass.dispatch_workgroups(x, y, z);
+        p.commands += 1;
+        if p.commands >= MAX_PENDING {
+            self.submit(&mut p);
+        }
+    }
+
+    /// A bind group of `kernel`'s shape: `params` (its first `size` bytes, at a dynamic
+    /// offset) and the buffers.
+    fn bind_group(
+        &self,
+        kernel: &Kernel,
+        params: &wgpu::Buffer,
+        size: usize,
+        reads: &[&GpuBuffer],
+        writes: &[&GpuBuffer],
+    ) -> wgpu::BindGroup {
+        let mut entries = Vec::with_capacity(1 + reads.len() + writes.len());
+        entries.push(wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: params,
+                offset: 0,
+                size: std::num::NonZeroU64::new(size as u64),
+            }),
+        });
+        for (k, b) in reads.iter().chain(writes).enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: k as u32 + 1,
+                resource: b.raw().as_entire_binding(),
+            });
+        }
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &self.layouts(kernel.reads, kernel.writes).group,
+            entries: &entries,
+        })
+    }
+
+    /// A small read-only buffer holding `bytes` (a parameter block too large for the
+    /// arena); a queued command keeps it alive.
+    fn params(&self, bytes: &[u8]) -> wgpu::Buffer {
         let b = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
-            size: bytes.len().max(4) as u64,
+            size: bytes.len() as u64, // whole words, past PARAM_BINDING
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: true,
         });
         b.slice(..)
             .get_mapped_range_mut()
             .expect("mapped at creation")
-            .copy_from_slice(&bytes);
+            .copy_from_slice(bytes);
         b.unmap();
         b
     }
@@ -373,6 +600,8 @@ impl Ctx {
 pub(crate) struct GpuBuffer {
     ctx: &'static Ctx,
     buf: Option<wgpu::Buffer>,
+    /// The pool's serial of `buf` (a cached bind group's key).
+    serial: u64,
     /// The bytes asked for (the buffer itself is of the pool's size class).
     bytes: usize,
 }
@@ -404,7 +633,7 @@ impl GpuBuffer {
 impl Drop for GpuBuffer {
     fn drop(&mut self) {
         if let Some(b) = self.buf.take() {
-            self.ctx.give_back(b, self.bytes);
+            self.ctx.give_back(b, self.serial, self.bytes);
         }
     }
 }
