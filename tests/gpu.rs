@@ -399,3 +399,57 @@ fn cached_launches_read_their_own_parameters_and_buffers() {
     m.close();
     g.close();
 }
+
+/// `where` (three inputs broadcast together, any dtype) and `softmax`/`log_softmax`
+/// (rows longer than a workgroup, any axis of a strided view, large logits) against
+/// the CPU.
+#[test]
+fn where_and_softmax_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new();
+    let a = m.create(&vals(24, 2), [2, 3, 4]);
+    let b = m.create(&vals(4, 3), [4]);
+    let cond = m.create(&vals(3, 4), [3, 1]).gt(0.0);
+    let wide = m.create(&vals(5 * 700, 5), [5, 700]) * 3.0;
+    let t = m.create(&vals(12 * 9, 6), [12, 9]).transpose(); // [9,12], strides [1,9]
+    let s = m.create(&vals(30, 7), [5, 6]).get("1::2, ::-2"); // offset, step 2, flipped
+    let big = m.create(&vals(40, 8), [4, 10]) * 400.0; // exp would overflow unshifted
+    let e = m.zeros([0, 4], DType::F32);
+    let cases: [(&str, &[&NDArray], Op); 13] = [
+        ("where broadcast", &[&cond, &a, &b], |x| {
+            x[0].where_(x[1], x[2])
+        }),
+        (
+            "where of views",
+            &[&cond, &t.get(":3, :4"), &t.get("4:7, 1:2")],
+            |x| x[0].where_(x[1], x[2]),
+        ),
+        ("where zero-size", &[&e, &e], |x| {
+            x[0].gt(0.0).where_(x[0], x[1])
+        }),
+        ("softmax last", &[&a], |x| x[0].softmax(-1)),
+        ("softmax middle", &[&a], |x| x[0].softmax(1)),
+        ("softmax first", &[&a], |x| x[0].softmax(0)),
+        ("softmax 700 wide", &[&wide], |x| x[0].softmax(1)),
+        ("log_softmax 700 wide", &[&wide], |x| x[0].log_softmax(-1)),
+        ("softmax transposed", &[&t], |x| x[0].softmax(1)),
+        ("log_softmax stepped", &[&s], |x| x[0].log_softmax(1)),
+        ("softmax large", &[&big], |x| x[0].softmax(1)),
+        ("log_softmax large", &[&big], |x| x[0].log_softmax(0)),
+        ("softmax zero-size", &[&e], |x| x[0].softmax(1)),
+    ];
+    for (what, inputs, f) in cases {
+        same(what, d, inputs, 1e-5, f);
+    }
+    // Integers and Bool select exactly.
+    let i = m.create(&[5i32, -7, 3, 0, 12, -1], [2, 3]);
+    let j = m.create(&[2i32, 3, -4], [3]);
+    same("where i32", d, &[&i, &j], 0.0, |x| {
+        x[0].gt(x[1]).where_(x[0], x[1])
+    });
+    same("where bool", d, &[&i, &j], 0.0, |x| {
+        x[0].gt(0).where_(x[0].lt(x[1]), x[1].ge(0))
+    });
+    m.close();
+}

@@ -170,6 +170,28 @@ fn mlp_gradients_match_the_cpu() {
     );
 }
 
+/// A classifier's head: log-softmax and softmax over the classes (their gradients
+/// from the output alone), and `where` (a ReLU written as a select, its gradient
+/// through the condition's branches), all on the device.
+#[test]
+fn softmax_and_where_gradients_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    grads_match(
+        "softmax head",
+        d,
+        &[(vals(6 * 5, 12), vec![6, 5]), (vals(5, 13), vec![5])],
+        &[(vals(8 * 6, 14), vec![8, 6]), (vals(8 * 5, 15), vec![8, 5])],
+        |p, x| {
+            let h = x[0].matmul(p[0]) + p[1];
+            let zero = h.manager().zeros([1], ndscope::DType::F32);
+            let r = h.gt(0.0).where_(h, zero);
+            let nll = -(r.log_softmax(1) * x[1].softmax(1)).sum() / 8.0;
+            nll + (h.softmax(0) * x[1]).sum()
+        },
+    );
+}
+
 #[test]
 fn a_parameter_moved_to_the_device_gets_its_gradient_there() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

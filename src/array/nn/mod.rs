@@ -126,7 +126,7 @@ impl Backward for ClipRule {
 
 fn where_impl(cond: NDArray, x: NDArray, y: NDArray, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "where";
-    let id = engine::run_op(OP, &[cond.id, x.id, y.id], at, |o| {
+    let id = engine::run_op_on(OP, &[cond.id, x.id, y.id], at, |o| {
         let (c, a, b) = (&o[0], &o[1], &o[2]);
         if c.dtype != DType::Bool {
             return Err(engine::unsupported(OP, c));
@@ -138,6 +138,11 @@ fn where_impl(cond: NDArray, x: NDArray, y: NDArray, at: SourceLocation) -> Resu
             lhs: c.desc(),
             rhs: a.desc(),
         })?;
+        #[cfg(feature = "gpu")]
+        if let (Some(gc), Some(ga), Some(gb)) = (c.gpu(), a.gpu(), b.gpu()) {
+            let buf = crate::backend::wgpu::kernels::select(gc, ga, gb, &shape)?;
+            return Ok(super::device::gpu_out(buf, shape, a.dtype));
+        }
         let buf = dispatch!(a.dtype, T => select::<T>(c.into(), a.into(), b.into(), &shape)?);
         Ok(Output::New {
             buf,
@@ -206,8 +211,6 @@ impl NDArray {
         }
     }
 }
-
-// ---- arrays saved for backward ----
 
 // ---- arrays saved for backward ----
 

@@ -13,9 +13,18 @@ use std::panic::Location;
 
 fn softmax_impl(x: NDArray, axis: isize, log: bool, at: SourceLocation) -> Result<NDArray> {
     let name = if log { "log_softmax" } else { "softmax" };
-    let id = engine::run_op(name, &[x.id], at, |o| {
+    let id = engine::run_op_on(name, &[x.id], at, |o| {
         let a = &o[0];
         let axis = normalize_axis(name, a, axis)?;
+        #[cfg(feature = "gpu")]
+        if let Some(g) = a.gpu().filter(|_| a.dtype.is_float()) {
+            let buf = crate::backend::wgpu::kernels::softmax(name, g, axis, log)?;
+            return Ok(crate::array::device::gpu_out(
+                buf,
+                a.shape().clone(),
+                a.dtype,
+            ));
+        }
         let buf = dispatch_float!(a.dtype, T => softmax_kernel::<T>(a.into(), axis, log)?,
             else return Err(engine::unsupported(name, a)));
         Ok(Output::New {

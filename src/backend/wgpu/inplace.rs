@@ -4,19 +4,15 @@
 //! One generated kernel serves every in-place op (`+=` and friends with an array or a
 //! scalar, a gradient's `g += scale * v`, filling with a value): the target is bound
 //! `read_write` and indexed through its own layout (a slice or a stepped view writes
-//! only its elements), the input is read through its layout. Parameters, as the
-//! elementwise kernels' ([`super::kernels`]), in `i32` words:
-//!
-//! ```text
-//! [n, ndim, off_t, off_x, shape[8], strides_t[8], strides_x[8], scalar]
-//! ```
+//! only its elements), the input is read through its layout. Parameters as the
+//! elementwise kernels' ([`index_params`]), the target as input 0 and `x` as input 1.
 //!
 //! The input may not share the target's buffer (wgpu refuses a buffer bound for
 //! reading and writing in one dispatch): the engine copies such an input out first,
 //! as it does on the CPU.
 
 use super::GpuBuffer;
-use super::kernels::{INDEX_FN, MAX_DIMS, View, binop_expr, wgsl_type};
+use super::kernels::{INDEX_FN, View, binop_expr, index_params, wgsl_type};
 use crate::DType;
 use crate::error::{NdError, Result};
 use crate::layout::Layout;
@@ -41,35 +37,16 @@ pub(crate) fn assign(
 ) -> Result<()> {
     let ctx = t.buf.ctx();
     let shape = &t.layout.shape;
-    let nd = shape.ndim();
-    if nd > MAX_DIMS {
-        return Err(NdError::invalid(
-            op,
-            format!(
-                "{} supports at most {MAX_DIMS} dimensions, got {nd}",
-                ctx.device_id()
-            ),
-        ));
+    let xs = x.as_ref().map(|x| x.layout.broadcast_strides(shape));
+    let mut views = vec![(t.layout.offset, &t.layout.strides[..])];
+    if let (Some(x), Some(xs)) = (&x, &xs) {
+        views.push((x.layout.offset, &xs[..]));
     }
+    let prm = index_params(op, ctx, shape, &views, scalar)?;
     let n = shape.size();
     if n == 0 {
         return Ok(());
     }
-    let mut prm = [0i32; 12 + 8 * 2 + 1];
-    prm[0] = n as i32;
-    prm[1] = nd as i32;
-    prm[2] = t.layout.offset as i32;
-    for (d, (&len, &st)) in shape.dims().iter().zip(&t.layout.strides).enumerate() {
-        prm[4 + d] = len as i32;
-        prm[12 + d] = st as i32;
-    }
-    if let Some(x) = &x {
-        prm[3] = x.layout.offset as i32;
-        for (d, &s) in x.layout.broadcast_strides(shape).iter().enumerate() {
-            prm[20 + d] = s as i32;
-        }
-    }
-    prm[28] = scalar as i32;
     let ty = wgsl_type(t.dtype);
     let xty = x.as_ref().map(|x| wgsl_type(x.dtype));
     let key = format!("inplace {expr} {ty} {xty:?}");
@@ -90,7 +67,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w:
     if (i >= u32(prm[0])) { return; }
 ";
         src += &format!(
-            "    let s = bitcast<{ty}>(prm[28]);\n    let ti = at(i, 0u);\n    let t = dst[ti];\n"
+            "    let s = bitcast<{ty}>(prm[2]);\n    let ti = at(i, 0u);\n    let t = dst[ti];\n"
         );
         if xty.is_some() {
             src += "    let x = inx[at(i, 1u)];\n";
@@ -98,7 +75,6 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w:
         src += &format!("    dst[ti] = {expr};\n}}\n");
         src
     });
-    let prm: Vec<u32> = prm.iter().map(|&w| w as u32).collect();
     let groups = n.div_ceil(256);
     let gx = groups.min(65_535);
     let grid = (gx as u32, groups.div_ceil(gx) as u32, 1);

@@ -7,11 +7,12 @@
 //! ([`Ctx::pipeline`]). Parameters go in a small storage block of `i32` words:
 //!
 //! ```text
-//! [n, ndim, off_0, off_1, shape[8], strides_0[8], strides_1[8], scalar]
+//! [n, ndim, scalar, 0, shape[8], (off_k, strides_k[8]) for each input k]
 //! ```
 //!
 //! An element `i < n` of the output is split into indices over `shape` (row-major),
-//! and input `k` reads `off_k + sum(idx[d] * strides_k[d])`.
+//! and input `k` reads `off_k + sum(idx[d] * strides_k[d])` ([`INDEX_FN`], words from
+//! [`index_params`]).
 
 use super::{Ctx, GpuBuffer, elem_bytes};
 use crate::DType;
@@ -76,16 +77,52 @@ pub(crate) const INDEX_FN: &str = "
 fn at(i: u32, k: u32) -> i32 {
     let nd = u32(prm[1]);
     var rem = i;
-    var idx = prm[2u + k];
+    var idx = prm[12u + 9u * k];
     for (var j = 0u; j < nd; j++) {
         let d = nd - 1u - j;
         let s = u32(prm[4u + d]);
-        idx += i32(rem % s) * prm[12u + 8u * k + d];
+        idx += i32(rem % s) * prm[13u + 9u * k + d];
         rem = rem / s;
     }
     return idx;
 }
 ";
+
+/// The parameter words of [`INDEX_FN`]: `n` elements over `shape`, input `k` read at
+/// `inputs[k].0 + sum(idx[d] * inputs[k].1[d])`, and a scalar's bits. `op` names the
+/// caller in the error for more than [`MAX_DIMS`] dimensions.
+pub(crate) fn index_params(
+    op: &'static str,
+    ctx: &Ctx,
+    shape: &Shape,
+    inputs: &[(usize, &[isize])],
+    scalar: u32,
+) -> Result<Vec<u32>> {
+    let nd = shape.ndim();
+    if nd > MAX_DIMS {
+        return Err(NdError::invalid(
+            op,
+            format!(
+                "{} supports at most {MAX_DIMS} dimensions, got {nd}",
+                ctx.device_id()
+            ),
+        ));
+    }
+    let mut prm = vec![0u32; 12 + 9 * inputs.len()];
+    prm[0] = shape.size() as u32;
+    prm[1] = nd as u32;
+    prm[2] = scalar;
+    for (d, &len) in shape.dims().iter().enumerate() {
+        prm[4 + d] = len as u32;
+    }
+    for (k, (off, strides)) in inputs.iter().enumerate() {
+        prm[12 + 9 * k] = *off as u32;
+        for (d, &st) in strides.iter().enumerate() {
+            prm[13 + 9 * k + d] = st as i32 as u32;
+        }
+    }
+    Ok(prm)
+}
 
 /// Run the elementwise kernel `expr` (over `x`, and `y` for two inputs; `s` is the
 /// scalar) on `inputs` broadcast to `shape`, into a new buffer of `out`.
@@ -98,40 +135,26 @@ fn elementwise(
     scalar: u32,
 ) -> Result<GpuBuffer> {
     let ctx = inputs[0].buf.ctx();
-    let nd = shape.ndim();
-    if nd > MAX_DIMS {
-        return Err(NdError::invalid(
-            op,
-            format!(
-                "{} supports at most {MAX_DIMS} dimensions, got {nd}",
-                ctx.device_id()
-            ),
-        ));
-    }
+    let strides: Vec<_> = inputs
+        .iter()
+        .map(|v| v.layout.broadcast_strides(shape))
+        .collect();
+    let views: Vec<(usize, &[isize])> = inputs
+        .iter()
+        .zip(&strides)
+        .map(|(v, s)| (v.layout.offset, &s[..]))
+        .collect();
+    let prm = index_params(op, ctx, shape, &views, scalar)?;
     let n = shape.size();
     let dst = out_buffer(ctx, n, out, op)?;
     if n == 0 {
         return Ok(dst);
     }
-    let mut prm = [0i32; 12 + 8 * 2 + 1];
-    prm[0] = n as i32;
-    prm[1] = nd as i32;
-    for (d, &len) in shape.dims().iter().enumerate() {
-        prm[4 + d] = len as i32;
-    }
-    for (k, v) in inputs.iter().enumerate() {
-        prm[2 + k] = v.layout.offset as i32;
-        let strides = v.layout.broadcast_strides(shape);
-        for (d, &s) in strides.iter().enumerate() {
-            prm[12 + 8 * k + d] = s as i32;
-        }
-    }
-    prm[28] = scalar as i32;
     let ts: Vec<&str> = inputs.iter().map(|v| wgsl_type(v.dtype)).collect();
     let key = format!("ew {expr} {ts:?} {}", wgsl_type(out));
     let pipeline = ctx.pipeline(&key, (inputs.len(), 1), || {
         let mut src = String::from("@group(0) @binding(0) var<storage, read> prm: array<i32>;\n");
-        let names = ["x", "y"];
+        let names = ["x", "y", "z"];
         for (k, t) in ts.iter().enumerate() {
             src += &format!(
                 "@group(0) @binding({}) var<storage, read> in{k}: array<{t}>;\n",
@@ -146,14 +169,13 @@ fn elementwise(
         src += INDEX_FN;
         src += "@compute @workgroup_size(256)\nfn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w: vec3<u32>) {\n";
         src += "    let i = g.x + g.y * w.x * 256u;\n    if (i >= u32(prm[0])) { return; }\n";
-        src += &format!("    let s = bitcast<{}>(prm[28]);\n", ts[0]);
+        src += &format!("    let s = bitcast<{}>(prm[2]);\n", ts[0]);
         for (k, name) in names.iter().enumerate().take(inputs.len()) {
             src += &format!("    let {name} = in{k}[at(i, {k}u)];\n");
         }
         src += &format!("    dst[i] = {expr};\n}}\n");
         src
     });
-    let prm: Vec<u32> = prm.iter().map(|&w| w as u32).collect();
     let reads: Vec<&GpuBuffer> = inputs.iter().map(|v| v.buf).collect();
     ctx.launch(pipeline, &prm, &reads, &[&dst], grid(n));
     Ok(dst)
@@ -242,6 +264,19 @@ pub(crate) fn compare(op: CmpOp, a: View<'_>, b: View<'_>, shape: &Shape) -> Res
 pub(crate) fn compare_scalar(op: CmpOp, a: View<'_>, s_bits: u32) -> Result<GpuBuffer> {
     let expr = format!("u32(x {} s)", cmp_symbol(op));
     elementwise(op.name(), &[a], &a.layout.shape, DType::Bool, &expr, s_bits)
+}
+
+/// `x` where `cond` (Bool) is true, else `y`, broadcast to `shape`.
+pub(crate) fn select(cond: View<'_>, x: View<'_>, y: View<'_>, shape: &Shape) -> Result<GpuBuffer> {
+    // Inputs are x, y, z in the kernel: the condition first.
+    elementwise(
+        "where",
+        &[cond, x, y],
+        shape,
+        x.dtype,
+        "select(z, y, x != 0u)",
+        0,
+    )
 }
 
 /// Elementwise math of `op`.
@@ -403,6 +438,126 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) w: vec3<u
         &[a.buf],
         &[&dst],
         (x as u32, n_out.div_ceil(x) as u32, 1),
+    );
+    Ok(dst)
+}
+
+/// Softmax (`log`: log-softmax) of F32 `a` along `axis`, into a contiguous buffer of
+/// `a`'s shape: `exp(x - max) / sum(exp(x - max))`, or `x - max - ln(sum(..))`. One
+/// workgroup per row (every index but `axis`): its threads find the row's maximum, then
+/// the sum of exponentials, in workgroup memory, then write the row.
+pub(crate) fn softmax(op: &'static str, a: View<'_>, axis: usize, log: bool) -> Result<GpuBuffer> {
+    let ctx = a.buf.ctx();
+    if a.dtype != DType::F32 {
+        return Err(unsupported(op, ctx));
+    }
+    let dims = a.layout.shape.dims();
+    let n = a.layout.shape.size();
+    let dst = out_buffer(ctx, n, DType::F32, op)?;
+    if n == 0 {
+        return Ok(dst);
+    }
+    // [rows, len, off, nk, stride_in, stride_out, 0, 0, keep shape[8], keep strides in
+    // [8], keep strides out[8]]
+    let out_strides = a.layout.shape.contiguous_strides();
+    let mut prm = vec![0u32; 32];
+    let keep: Vec<usize> = (0..dims.len()).filter(|&d| d != axis).collect();
+    if keep.len() > MAX_DIMS {
+        return Err(NdError::invalid(
+            op,
+            format!("at most {MAX_DIMS} dimensions on {}", ctx.device_id()),
+        ));
+    }
+    let rows = n / dims[axis];
+    prm[0] = rows as u32;
+    prm[1] = dims[axis] as u32;
+    prm[2] = a.layout.offset as u32;
+    prm[3] = keep.len() as u32;
+    prm[4] = a.layout.strides[axis] as i32 as u32;
+    prm[5] = out_strides[axis] as u32;
+    for (j, &d) in keep.iter().enumerate() {
+        prm[8 + j] = dims[d] as u32;
+        prm[16 + j] = a.layout.strides[d] as i32 as u32;
+        prm[24 + j] = out_strides[d] as u32;
+    }
+    let write = if log {
+        "v - mx - log(tot)"
+    } else {
+        "exp(v - mx) / tot"
+    };
+    let pipeline = ctx.pipeline(&format!("softmax {log}"), (1, 1), || {
+        format!(
+            "@group(0) @binding(0) var<storage, read> prm: array<i32>;
+@group(0) @binding(1) var<storage, read> src: array<f32>;
+@group(0) @binding(2) var<storage, read_write> dst: array<f32>;
+var<workgroup> part: array<f32, 256>;
+fn walk(i: u32, strides: u32) -> i32 {{
+    var rem = i;
+    var idx = 0;
+    let nd = u32(prm[3]);
+    for (var j = 0u; j < nd; j++) {{
+        let d = nd - 1u - j;
+        let s = u32(prm[8u + d]);
+        idx += i32(rem % s) * prm[strides + d];
+        rem = rem / s;
+    }}
+    return idx;
+}}
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) w: vec3<u32>, @builtin(local_invocation_index) l: u32) {{
+    let o = wg.x + wg.y * w.x;
+    let live = o < u32(prm[0]);
+    let len = u32(prm[1]);
+    let ib = prm[2] + walk(o, 16u);
+    let ob = walk(o, 24u);
+    var m = bitcast<f32>(0xff800000u);
+    if (live) {{
+        for (var r = l; r < len; r += 256u) {{
+            m = max(m, src[ib + i32(r) * prm[4]]);
+        }}
+    }}
+    part[l] = m;
+    workgroupBarrier();
+    for (var h = 128u; h > 0u; h = h / 2u) {{
+        if (l < h) {{
+            part[l] = max(part[l], part[l + h]);
+        }}
+        workgroupBarrier();
+    }}
+    let mx = part[0];
+    workgroupBarrier();
+    var acc = 0.0;
+    if (live) {{
+        for (var r = l; r < len; r += 256u) {{
+            acc += exp(src[ib + i32(r) * prm[4]] - mx);
+        }}
+    }}
+    part[l] = acc;
+    workgroupBarrier();
+    for (var h = 128u; h > 0u; h = h / 2u) {{
+        if (l < h) {{
+            part[l] = part[l] + part[l + h];
+        }}
+        workgroupBarrier();
+    }}
+    let tot = part[0];
+    if (live) {{
+        for (var r = l; r < len; r += 256u) {{
+            let v = src[ib + i32(r) * prm[4]];
+            dst[ob + i32(r) * prm[5]] = {write};
+        }}
+    }}
+}}
+"
+        )
+    });
+    let x = rows.min(65_535);
+    ctx.launch(
+        pipeline,
+        &prm,
+        &[a.buf],
+        &[&dst],
+        (x as u32, rows.div_ceil(x) as u32, 1),
     );
     Ok(dst)
 }
