@@ -453,3 +453,40 @@ fn where_and_softmax_match_the_cpu() {
     });
     m.close();
 }
+
+/// `cross_entropy` against the CPU: rows wider than a workgroup, a transposed view of
+/// the logits, I32 and U8 labels. A label out of range is not read back to the host
+/// on a GPU: the loss is NaN.
+#[test]
+fn cross_entropy_matches_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new();
+    let wide = m.create(&vals(6 * 300, 21), [6, 300]) * 4.0;
+    let labels: Vec<i32> = vec![0, 299, 17, 150, 3, 42];
+    let l32 = m.create(&labels, [6]);
+    let l8 = m.create(
+        &labels.iter().map(|&v| (v % 9) as u8).collect::<Vec<_>>(),
+        [6],
+    );
+    let t = m.create(&vals(9 * 6, 22), [9, 6]).transpose(); // [6, 9]
+    same("wide, i32 labels", d, &[&wide, &l32], 1e-5, |x| {
+        x[0].cross_entropy(x[1])
+    });
+    same("transposed, u8 labels", d, &[&t, &l8], 1e-5, |x| {
+        x[0].cross_entropy(x[1])
+    });
+    let g = t.to_device(d);
+    let bad = m.create(&[0i32, 1, 9, 2, 3, 4], [6]).to_device(d);
+    let loss = g.cross_entropy(bad).to_scalar::<f32>().unwrap();
+    assert!(
+        loss.is_nan(),
+        "a label out of range gives NaN on the device, got {loss}"
+    );
+    let fl = m.zeros([6], DType::F32).to_device(d);
+    assert!(matches!(
+        g.try_cross_entropy(fl),
+        Err(NdError::UnsupportedDType { .. })
+    ));
+    m.close();
+}

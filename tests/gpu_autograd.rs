@@ -192,6 +192,34 @@ fn softmax_and_where_gradients_match_the_cpu() {
     );
 }
 
+/// `cross_entropy`'s gradient on the device (from the softmax its kernel saved) against
+/// the CPU's, through a linear layer, labels I32.
+#[test]
+fn cross_entropy_gradients_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let labels = [3i32, 0, 4, 4, 1, 2, 0, 3];
+    let mut out = Vec::new();
+    for dev in [Device::Cpu, d] {
+        let m = NDManager::new_on(dev);
+        let w = m.create(&vals(6 * 5, 16), [6, 5]);
+        w.set_requires_gradient(true);
+        let x = m.create(&vals(8 * 6, 17), [8, 6]);
+        let y = m.create(&labels, [8]);
+        for _ in 0..2 {
+            let gc = GradientCollector::new();
+            let loss = x.matmul(w).cross_entropy(y) * 3.0;
+            gc.backward(loss).unwrap();
+        }
+        assert_eq!(w.gradient().device(), dev);
+        out.push((m, w.gradient().to_device(Device::Cpu)));
+    }
+    close("cross_entropy gradient", out[1].1, out[0].1, 1e-4);
+    for (m, _) in out {
+        m.close();
+    }
+}
+
 #[test]
 fn a_parameter_moved_to_the_device_gets_its_gradient_there() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -628,23 +628,26 @@ pub(crate) fn create(
         let bytes = unsafe { buf.slice::<u8>() };
         let n_bytes = shape.size() * dtype.size_in_bytes();
         let dev = crate::backend::wgpu::upload(ctx, &bytes[..n_bytes], dtype)?;
-        let me = my_shard();
-        let mut ctx = Ctx::one(me);
-        return ctx.insert_array(
-            me,
-            mgr,
-            Data::New(dev.into()),
-            Layout::contiguous(shape),
-            dtype,
-            at,
-        );
+        return create_stored(mgr, dev.into(), shape, dtype, at);
     }
+    create_stored(mgr, buf.into(), shape, dtype, at)
+}
+
+/// Create an array in `mgr` from a filled buffer already on the manager's device (a
+/// device kernel's second output, such as the softmax a loss saves for its gradient).
+pub(crate) fn create_stored(
+    mgr: MgrId,
+    buf: Storage,
+    shape: Shape,
+    dtype: DType,
+    at: SourceLocation,
+) -> Result<ArrayId> {
     let me = my_shard();
     let mut ctx = Ctx::one(me);
     ctx.insert_array(
         me,
         mgr,
-        Data::New(buf.into()),
+        Data::New(buf),
         Layout::contiguous(shape),
         dtype,
         at,

@@ -73,6 +73,8 @@ pub(crate) use crate::backend::cpu::Buffer;
 pub(crate) use crate::layout::Layout;
 pub use count_alloc::CountingAllocator;
 pub(crate) use devices::{device_of, gpu_arrays};
+#[cfg(feature = "gpu")]
+pub(crate) use exec::create_stored;
 pub(crate) use exec::{
     Operand, OperandMut, Output, create, full_beside, materialize, read, run_inplace,
     run_inplace_on, run_op, run_op_on, unsupported,

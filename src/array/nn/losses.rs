@@ -17,7 +17,9 @@ use std::panic::Location;
 fn cross_entropy_impl(logits: NDArray, labels: NDArray, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "cross_entropy";
     let mut saved = None;
-    let id = engine::run_op(OP, &[logits.id, labels.id], at, |o| {
+    #[cfg(feature = "gpu")]
+    let mut saved_gpu = None;
+    let id = engine::run_op_on(OP, &[logits.id, labels.id], at, |o| {
         let (x, y) = (&o[0], &o[1]);
         float_operands(OP, x, &[])?;
         let xd = x.shape().dims();
@@ -39,6 +41,19 @@ fn cross_entropy_impl(logits: NDArray, labels: NDArray, at: SourceLocation) -> R
                 ),
             ));
         }
+        #[cfg(feature = "gpu")]
+        if let (Some(gx), Some(gy)) = (x.gpu(), y.gpu()) {
+            if y.dtype.is_float() || y.dtype == crate::DType::Bool {
+                return Err(engine::unsupported(OP, y));
+            }
+            let (loss, soft) = crate::backend::wgpu::kernels::cross_entropy(OP, gx, gy, (n, c))?;
+            saved_gpu = Some((soft, Shape::from([n, c]), x.dtype));
+            return Ok(crate::array::device::gpu_out(
+                loss,
+                Shape(Dims::new()),
+                x.dtype,
+            ));
+        }
         let labels = int_ids(OP, y, c, "label")?;
         let (buf, soft) = dispatch_float!(x.dtype, T => {
             let mut total = 0.0f64;
@@ -58,6 +73,12 @@ fn cross_entropy_impl(logits: NDArray, labels: NDArray, at: SourceLocation) -> R
     if let Some((soft, shape, dtype)) = saved {
         autograd::record(&[logits.id, labels.id], id, || CrossEntropyRule {
             softmax: Saved::new(id, soft, shape, dtype),
+        });
+    }
+    #[cfg(feature = "gpu")]
+    if let Some((soft, shape, dtype)) = saved_gpu {
+        autograd::record(&[logits.id, labels.id], id, || CrossEntropyRule {
+            softmax: Saved::on_device(id, soft, shape, dtype),
         });
     }
     Ok(NDArray { id })
@@ -84,9 +105,19 @@ impl Backward for CrossEntropyRule {
         }
         const OP: &str = "cross_entropy_grad";
         let p = self.softmax.get(OP)?;
-        let id = engine::run_op(OP, &[p.id, g.id, cx.input(1).id], Location::caller(), |o| {
+        let id = engine::run_op_on(OP, &[p.id, g.id, cx.input(1).id], Location::caller(), |o| {
             let (pd, gd) = (o[0].shape().dims(), &o[1]);
             let (n, c) = (pd[0], pd[1]);
+            #[cfg(feature = "gpu")]
+            if let (Some(gp), Some(gg), Some(gl)) = (o[0].gpu(), gd.gpu(), o[2].gpu()) {
+                use crate::backend::wgpu::kernels::cross_entropy_grad;
+                let buf = cross_entropy_grad(OP, gp, gl, gg, (n, c))?;
+                return Ok(crate::array::device::gpu_out(
+                    buf,
+                    Shape::from([n, c]),
+                    o[0].dtype,
+                ));
+            }
             let labels = int_ids(OP, &o[2], c, "label")?;
             let buf = dispatch_float!(o[0].dtype, T => {
                 let scale = cpu::to_vec::<T>(gd)[0].to_f64() / n as f64;
@@ -200,7 +231,9 @@ impl NDArray {
         /// `cross_entropy` with its defaults (mean reduction; an empty batch gives NaN). A
         /// fused, numerically stable log-softmax and negative log-likelihood: finite for
         /// logits of any magnitude. Differentiable in the logits (`(softmax - one_hot) / N`).
-        /// No `ignore_index`: every label must be in `0..C`. Panics on failure.
+        /// No `ignore_index`: every label must be in `0..C`. On a GPU (F32 logits, I32 or U8
+        /// labels) the labels are not read back to check them, which would wait for the
+        /// device: a label out of range makes the loss NaN there. Panics on failure.
         ///
         /// ```
         /// use ndscope::NDManager;

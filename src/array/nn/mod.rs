@@ -231,6 +231,20 @@ impl Saved {
         Saved(id.ok().map(|id| NDArray { id }))
     }
 
+    /// [`Saved::new`] of a buffer already on the device of `like`'s manager.
+    #[cfg(feature = "gpu")]
+    pub(super) fn on_device(
+        like: ArrayId,
+        buf: crate::backend::wgpu::GpuBuffer,
+        shape: Shape,
+        dtype: DType,
+    ) -> Saved {
+        let at = Location::caller();
+        let id = engine::manager_of(like)
+            .and_then(|m| engine::create_stored(m, buf.into(), shape, dtype, at));
+        Saved(id.ok().map(|id| NDArray { id }))
+    }
+
     /// Its id, for [`Backward::extra`].
     pub(super) fn ids(&self) -> SmallVec<[ArrayId; 2]> {
         self.0.iter().map(|a| a.id).collect()
