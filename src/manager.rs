@@ -248,6 +248,34 @@ impl NDManager {
 
     // ------------------------------------------------------------ creation
 
+    /// On a GPU manager, F32 samples drawn on the device ([`random`]'s counter-based
+    /// generator) from the distribution `dist` checks and returns; `None` elsewhere
+    /// (the host draws them).
+    #[cfg(feature = "gpu")]
+    fn random_on_device(
+        &self,
+        n: usize,
+        shape: &Shape,
+        dtype: DType,
+        at: SourceLocation,
+        dist: impl FnOnce() -> Result<crate::backend::wgpu::kernels::Dist>,
+    ) -> Option<Result<NDArray>> {
+        let Device::Gpu(g) = self.device() else {
+            return None;
+        };
+        if dtype != DType::F32 {
+            return None;
+        }
+        Some((|| {
+            let dist = dist()?;
+            engine::check_manager(self.id)?;
+            let ctx = crate::backend::wgpu::ctx(g)?;
+            let buf = crate::backend::wgpu::kernels::random(ctx, n, dist, random::key())?;
+            let id = engine::create_stored(self.id, buf.into(), shape.clone(), dtype, at)?;
+            Ok(NDArray { id })
+        })())
+    }
+
     fn make(
         &self,
         op: &'static str,
@@ -400,6 +428,13 @@ impl NDManager {
             let at = Location::caller();
             let shape = shape.into();
             let n = check_shape("random_normal", &shape, dtype)?;
+            #[cfg(feature = "gpu")]
+            if let Some(a) = self.random_on_device(n, &shape, dtype, at, || {
+                random::check_normal(loc, scale)?;
+                Ok(crate::backend::wgpu::kernels::Dist::Normal(loc as f32, scale as f32))
+            }) {
+                return a;
+            }
             let values = random::normal(loc, scale, n)?;
             self.make("random_normal", shape, dtype, at, |i| values[i])
         }
@@ -414,6 +449,13 @@ impl NDManager {
             let at = Location::caller();
             let shape = shape.into();
             let n = check_shape("random_uniform", &shape, dtype)?;
+            #[cfg(feature = "gpu")]
+            if let Some(a) = self.random_on_device(n, &shape, dtype, at, || {
+                random::check_uniform(low, high)?;
+                Ok(crate::backend::wgpu::kernels::Dist::Uniform(low as f32, high as f32))
+            }) {
+                return a;
+            }
             let values = random::uniform(low, high, n)?;
             self.make("random_uniform", shape, dtype, at, |i| values[i])
         }

@@ -9,6 +9,11 @@
 //! counter. (PyTorch's `manual_seed` is process-wide; per-thread is what lets two
 //! threads train reproducibly at once.)
 //!
+//! On a GPU, `random_uniform` and `random_normal` (F32) draw on the device: a
+//! counter-based generator (Philox4x32-10, as cuRAND's and PyTorch's) keyed by one
+//! 64-bit draw of the thread's generator, so [`seed`] makes them reproducible too. The
+//! device's values are not the CPU's for the same seed (another generator).
+//!
 //! ```
 //! use ndscope::{DType, NDManager, random};
 //! let m = NDManager::new();
@@ -66,13 +71,37 @@ fn samples<T>(n: usize) -> Result<Vec<T>> {
     Ok(v)
 }
 
-pub(crate) fn normal(loc: f64, scale: f64, n: usize) -> Result<Vec<f64>> {
+/// A key for a device's counter-based generator, drawn from the calling thread's
+/// generator (so [`seed`] makes device draws reproducible too).
+#[cfg(feature = "gpu")]
+pub(crate) fn key() -> u64 {
+    with_rng(|r| r.random::<u64>())
+}
+
+/// `random_normal`'s parameters, or `InvalidArgument`.
+pub(crate) fn check_normal(loc: f64, scale: f64) -> Result<()> {
     if !(loc.is_finite() && scale.is_finite() && scale >= 0.0) {
         return Err(NdError::invalid(
             "random_normal",
             format!("need a finite loc and a finite scale >= 0, got loc {loc}, scale {scale}"),
         ));
     }
+    Ok(())
+}
+
+/// `random_uniform`'s parameters, or `InvalidArgument`.
+pub(crate) fn check_uniform(low: f64, high: f64) -> Result<()> {
+    if !(low.is_finite() && high.is_finite() && low <= high) {
+        return Err(NdError::invalid(
+            "random_uniform",
+            format!("need finite low <= high, got [{low}, {high})"),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn normal(loc: f64, scale: f64, n: usize) -> Result<Vec<f64>> {
+    check_normal(loc, scale)?;
     let dist = Normal::new(loc, scale)
         .map_err(|e| NdError::invalid("random_normal", format!("loc {loc}, scale {scale}: {e}")))?;
     let mut v = samples(n)?;
@@ -81,12 +110,7 @@ pub(crate) fn normal(loc: f64, scale: f64, n: usize) -> Result<Vec<f64>> {
 }
 
 pub(crate) fn uniform(low: f64, high: f64, n: usize) -> Result<Vec<f64>> {
-    if !(low.is_finite() && high.is_finite() && low <= high) {
-        return Err(NdError::invalid(
-            "random_uniform",
-            format!("need finite low <= high, got [{low}, {high})"),
-        ));
-    }
+    check_uniform(low, high)?;
     let mut v = samples(n)?;
     with_rng(|r| v.extend((0..n).map(|_| low + (high - low) * r.random::<f64>())));
     Ok(v)

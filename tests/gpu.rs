@@ -490,3 +490,57 @@ fn cross_entropy_matches_the_cpu() {
     ));
     m.close();
 }
+
+/// `random_uniform` and `random_normal` on a GPU manager draw on the device (Philox):
+/// reproducible after `random::seed`, different from call to call, in range, with the
+/// moments of their distributions (1M samples: mean and variance within 5 standard
+/// errors), and every count of elements (not a multiple of the four a thread draws).
+#[test]
+fn random_draws_on_the_device_are_seeded_and_distributed() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let g = NDManager::new_on(d);
+    ndscope::random::seed(11);
+    let a = g.random_uniform(-1.0, 3.0, [1 << 20], DType::F32);
+    let b = g.random_uniform(-1.0, 3.0, [1 << 20], DType::F32);
+    ndscope::random::seed(11);
+    let a2 = g.random_uniform(-1.0, 3.0, [1 << 20], DType::F32);
+    assert_eq!(a.device(), d);
+    let (va, vb) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    assert_eq!(va, a2.to_vec::<f32>().unwrap(), "same seed, same draws");
+    assert_ne!(va[..64], vb[..64], "the next call draws anew");
+    assert!(va.iter().all(|&v| (-1.0..3.0).contains(&v)), "in [-1, 3)");
+    let n = va.len() as f64;
+    let mean = va.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = va.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    // U[-1,3): mean 1, variance 16/12; the mean's standard error sqrt(var/n).
+    assert!(
+        (mean - 1.0).abs() < 5.0 * (16.0 / 12.0 / n).sqrt(),
+        "mean {mean}"
+    );
+    assert!((var - 16.0 / 12.0).abs() < 0.01, "variance {var}");
+    let z = g
+        .random_normal(2.0, 0.5, [1 << 20], DType::F32)
+        .to_vec::<f32>()
+        .unwrap();
+    assert!(z.iter().all(|v| v.is_finite()));
+    let mean = z.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = z.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    assert!((mean - 2.0).abs() < 5.0 * (0.25 / n).sqrt(), "mean {mean}");
+    assert!((var - 0.25).abs() < 0.005, "variance {var}");
+    let within = z.iter().filter(|&&v| (v - 2.0).abs() < 0.5).count() as f64 / n;
+    assert!((within - 0.6827).abs() < 0.005, "within one sd: {within}");
+    for len in [0, 1, 3, 5, 1023] {
+        let r = g
+            .random_normal(0.0, 1.0, [len], DType::F32)
+            .to_vec::<f32>()
+            .unwrap();
+        assert_eq!(r.len(), len);
+        assert!(r.iter().all(|v| v.is_finite()));
+    }
+    assert!(matches!(
+        g.try_random_normal(0.0, -1.0, [3], DType::F32),
+        Err(NdError::InvalidArgument { .. })
+    ));
+    g.close();
+}
