@@ -38,7 +38,8 @@ pub(crate) fn assign(
     let ctx = t.buf.ctx();
     let shape = &t.layout.shape;
     let xs = x.as_ref().map(|x| x.layout.broadcast_strides(shape));
-    let mut views = vec![(t.layout.offset, &t.layout.strides[..])];
+    let mut views: smallvec::SmallVec<[(usize, &[isize]); 2]> =
+        smallvec::smallvec![(t.layout.offset, &t.layout.strides[..])];
     if let (Some(x), Some(xs)) = (&x, &xs) {
         views.push((x.layout.offset, &xs[..]));
     }

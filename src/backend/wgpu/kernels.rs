@@ -20,6 +20,7 @@ use crate::error::{NdError, Result};
 use crate::layout::Layout;
 use crate::opkind::{BinOp, CmpOp, UnOp};
 use crate::shape::Shape;
+use smallvec::SmallVec;
 
 /// The most dimensions a kernel takes.
 pub(crate) const MAX_DIMS: usize = 8;
@@ -97,7 +98,7 @@ pub(crate) fn index_params(
     shape: &Shape,
     inputs: &[(usize, &[isize])],
     scalar: u32,
-) -> Result<Vec<u32>> {
+) -> Result<SmallVec<[u32; 40]>> {
     let nd = shape.ndim();
     if nd > MAX_DIMS {
         return Err(NdError::invalid(
@@ -108,7 +109,7 @@ pub(crate) fn index_params(
             ),
         ));
     }
-    let mut prm = vec![0u32; 12 + 9 * inputs.len()];
+    let mut prm: SmallVec<[u32; 40]> = smallvec::smallvec![0; 12 + 9 * inputs.len()];
     prm[0] = shape.size() as u32;
     prm[1] = nd as u32;
     prm[2] = scalar;
@@ -135,11 +136,11 @@ fn elementwise(
     scalar: u32,
 ) -> Result<GpuBuffer> {
     let ctx = inputs[0].buf.ctx();
-    let strides: Vec<_> = inputs
+    let strides: SmallVec<[_; 3]> = inputs
         .iter()
         .map(|v| v.layout.broadcast_strides(shape))
         .collect();
-    let views: Vec<(usize, &[isize])> = inputs
+    let views: SmallVec<[(usize, &[isize]); 3]> = inputs
         .iter()
         .zip(&strides)
         .map(|(v, s)| (v.layout.offset, &s[..]))
@@ -176,7 +177,7 @@ fn elementwise(
         src += &format!("    dst[i] = {expr};\n}}\n");
         src
     });
-    let reads: Vec<&GpuBuffer> = inputs.iter().map(|v| v.buf).collect();
+    let reads: SmallVec<[&GpuBuffer; 3]> = inputs.iter().map(|v| v.buf).collect();
     ctx.launch(pipeline, &prm, &reads, &[&dst], grid(n));
     Ok(dst)
 }
