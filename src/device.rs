@@ -3,7 +3,7 @@
 //! Every [`NDManager`](crate::NDManager) has a [`Device`], as DJL's managers do: the
 //! system manager and [`NDManager::new`](crate::NDManager::new) are on the CPU,
 //! [`NDManager::new_on`](crate::NDManager::new_on) picks one, and sub-managers inherit
-//! their parent's. [`devices`] lists what this process can use: the CPU first, then
+//! their parent's. [`devices`](crate::devices) lists what this process can use: the CPU first, then
 //! each GPU adapter that the `gpu` feature's wgpu backend finds, in a stable order, so
 //! `Device::Gpu(n)` is the n-th GPU of that list.
 //!
@@ -22,10 +22,13 @@
 //! The ownership contract is the same on every device: a scope, a manager or a
 //! `release()` frees device memory exactly as it frees host memory (see
 //! docs/ownership.md, "Devices").
+//!
+//! This file holds the types only (the backends name devices in their errors); what
+//! asks the backends which devices there are is in `adapters.rs`.
 
 use std::fmt;
 
-/// A compute device: the CPU, or the n-th GPU that [`devices`] lists.
+/// A compute device: the CPU, or the n-th GPU that [`devices`](crate::devices) lists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Device {
     /// Host memory and the CPU kernels.
@@ -54,83 +57,4 @@ pub struct DeviceInfo {
     pub name: String,
     /// The API that drives it: "cpu", or wgpu's backend ("vulkan", "metal", "dx12").
     pub backend: String,
-}
-
-/// The devices this process can use: the CPU first, then every GPU adapter found (only
-/// with the `gpu` feature; without a driver the list holds the CPU alone).
-pub fn devices() -> Vec<DeviceInfo> {
-    let mut v = vec![DeviceInfo {
-        device: Device::Cpu,
-        name: "cpu".into(),
-        backend: "cpu".into(),
-    }];
-    v.extend(
-        gpu_adapters()
-            .into_iter()
-            .enumerate()
-            .map(|(n, (name, backend))| DeviceInfo {
-                device: Device::Gpu(n),
-                name,
-                backend,
-            }),
-    );
-    v
-}
-
-/// The GPU adapters (name, backend) in [`devices`]' order: none until a GPU backend
-/// is built in.
-fn gpu_adapters() -> Vec<(String, String)> {
-    #[cfg(feature = "gpu")]
-    {
-        crate::backend::wgpu::adapters()
-            .iter()
-            .map(|a| (a.name.clone(), a.backend.to_string()))
-            .collect()
-    }
-    #[cfg(not(feature = "gpu"))]
-    Vec::new()
-}
-
-/// How many GPUs [`devices`] lists.
-pub(crate) fn gpu_count() -> usize {
-    gpu_adapters().len()
-}
-
-/// `Ok` if `device` exists here, else `NoDevice`.
-pub(crate) fn check(device: Device) -> crate::Result<()> {
-    match device {
-        Device::Cpu => Ok(()),
-        Device::Gpu(n) => {
-            let found = gpu_count();
-            if n < found {
-                Ok(())
-            } else {
-                Err(crate::NdError::NoDevice {
-                    device,
-                    gpus: found,
-                })
-            }
-        }
-    }
-}
-
-/// Wait until the work queued on `device` is done, as `torch.cuda.synchronize`: ops on
-/// a GPU are queued and return at once, so a benchmark synchronizes before it reads
-/// the clock. Reads (`to_vec`, `Display`, io) wait by themselves. A no-op on the CPU,
-/// whose ops finish before they return. Errors: `NoDevice`.
-///
-/// ```
-/// use ndscope::{Device, synchronize};
-/// synchronize(Device::Cpu)?;
-/// # Ok::<(), ndscope::NdError>(())
-/// ```
-pub fn synchronize(device: Device) -> crate::Result<()> {
-    check(device)?;
-    match device {
-        Device::Cpu => Ok(()),
-        #[cfg(feature = "gpu")]
-        Device::Gpu(n) => crate::backend::wgpu::synchronize(n),
-        #[cfg(not(feature = "gpu"))]
-        Device::Gpu(_) => Ok(()),
-    }
 }

@@ -216,6 +216,7 @@
 //! threads) is the [`ownership`] module, `docs/ownership.md` in the repository.
 #![warn(missing_docs)]
 
+mod adapters;
 mod array;
 mod autograd;
 mod backend;
@@ -240,9 +241,10 @@ mod scope;
 mod shape;
 pub mod task;
 
+pub use adapters::{devices, synchronize};
 pub use array::{NDArray, Rhs};
 pub use autograd::{GradientCollector, no_grad};
-pub use device::{Device, DeviceInfo, devices, synchronize};
+pub use device::{Device, DeviceInfo};
 pub use diag::{
     CacheStats, LeakReport, LeakSite, LeakWarning, LeakWatch, MemoryStats, OpRecord, Profile,
     assert_no_leaks, cache_stats, check_leaks, driver_memory, empty_cache, leak_report, memory,

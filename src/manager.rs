@@ -112,7 +112,7 @@ impl NDManager {
         /// lists no such device; `Unsupported` for a GPU in this build (device arrays
         /// come with the wgpu backend).
         pub fn try_new_on(device: Device) -> NDManager {
-            crate::device::check(device)?;
+            crate::adapters::check(device)?;
             #[cfg(feature = "gpu")]
             if let Device::Gpu(n) = device {
                 crate::backend::wgpu::ctx(n)?; // opened now, so a broken device fails here

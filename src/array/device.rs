@@ -1,5 +1,5 @@
-//! Moving arrays between devices (`to_device`), and the GPU forward of the ops that
-//! have one: the op files call [`gpu_out`] on their operands' device buffers.
+//! Moving arrays between devices (`to_device`). (The ops with a GPU kernel wrap its
+//! buffer with the engine's `Output::device`.)
 //!
 //! A copy between devices is explicit, one per call, and owned like any op's result
 //! (rule 1). Its gradient is the output gradient moved back to the input's device.
@@ -10,8 +10,6 @@ use crate::Device;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::engine::{self, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation};
-#[cfg(feature = "gpu")]
-use crate::{DType, Shape};
 
 /// A copy of `x` on `device` (checked to exist).
 pub(crate) fn to_device(x: NDArray, device: Device, at: SourceLocation) -> Result<NDArray> {
@@ -92,15 +90,5 @@ impl Backward for ToDeviceRule {
     }
     fn backward(&self, _: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
         Ok([Some(g.try_to_device(self.0)?)].into_iter().collect())
-    }
-}
-
-/// A new array's output from a device kernel's result.
-#[cfg(feature = "gpu")]
-pub(crate) fn gpu_out(buf: crate::backend::wgpu::GpuBuffer, shape: Shape, dtype: DType) -> Output {
-    Output::Stored {
-        buf: buf.into(),
-        shape,
-        dtype,
     }
 }

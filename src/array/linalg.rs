@@ -214,7 +214,7 @@ fn matmul_impl(
                 },
             );
             let buf = matmul(op, ma, mb, (m, n, k), &offsets, a.dtype)?;
-            return Ok(crate::array::device::gpu_out(buf, shape, a.dtype));
+            return Ok(Output::device(buf, shape, a.dtype));
         }
         let buf = dispatch!(a.dtype, T => {
             let (da, db) = (a.data::<T>(), b.data::<T>());

@@ -146,7 +146,7 @@ impl NDArray {
         /// [`NDArray::to_device`]. Errors: `Closed`, `NoDevice` (no such device),
         /// `Unsupported` (a GPU in this build), `OutOfMemory`.
         pub fn try_to_device(self, device: Device) -> NDArray {
-            crate::device::check(device)?;
+            crate::adapters::check(device)?;
             device::to_device(self, device, Location::caller())
         }
     }

@@ -178,7 +178,7 @@ fn reduction(
                 }
             };
             let buf = reduce(name, kind, ga, &axes)?;
-            return Ok(crate::array::device::gpu_out(buf, shape, dtype));
+            return Ok(Output::device(buf, shape, dtype));
         }
         let (buf, dtype) = match op {
             Red::Sum => dispatch!(dtype, T => {

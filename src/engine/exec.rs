@@ -207,6 +207,22 @@ pub(crate) enum Output {
     },
 }
 
+#[cfg(feature = "gpu")]
+impl Output {
+    /// A new contiguous array of a device kernel's buffer.
+    pub(crate) fn device(
+        buf: crate::backend::wgpu::GpuBuffer,
+        shape: Shape,
+        dtype: DType,
+    ) -> Output {
+        Output::Stored {
+            buf: buf.into(),
+            shape,
+            dtype,
+        }
+    }
+}
+
 /// Resolved inputs.
 type Operands<'a> = SmallVec<[Operand<'a>; 3]>;
 

@@ -48,11 +48,7 @@ fn cross_entropy_impl(logits: NDArray, labels: NDArray, at: SourceLocation) -> R
             }
             let (loss, soft) = crate::backend::wgpu::kernels::cross_entropy(OP, gx, gy, (n, c))?;
             saved_gpu = Some((soft, Shape::from([n, c]), x.dtype));
-            return Ok(crate::array::device::gpu_out(
-                loss,
-                Shape(Dims::new()),
-                x.dtype,
-            ));
+            return Ok(Output::device(loss, Shape(Dims::new()), x.dtype));
         }
         let labels = int_ids(OP, y, c, "label")?;
         let (buf, soft) = dispatch_float!(x.dtype, T => {
@@ -112,11 +108,7 @@ impl Backward for CrossEntropyRule {
             if let (Some(gp), Some(gg), Some(gl)) = (o[0].gpu(), gd.gpu(), o[2].gpu()) {
                 use crate::backend::wgpu::kernels::cross_entropy_grad;
                 let buf = cross_entropy_grad(OP, gp, gl, gg, (n, c))?;
-                return Ok(crate::array::device::gpu_out(
-                    buf,
-                    Shape::from([n, c]),
-                    o[0].dtype,
-                ));
+                return Ok(Output::device(buf, Shape::from([n, c]), o[0].dtype));
             }
             let labels = int_ids(OP, &o[2], c, "label")?;
             let buf = dispatch_float!(o[0].dtype, T => {

@@ -141,7 +141,7 @@ fn where_impl(cond: NDArray, x: NDArray, y: NDArray, at: SourceLocation) -> Resu
         #[cfg(feature = "gpu")]
         if let (Some(gc), Some(ga), Some(gb)) = (c.gpu(), a.gpu(), b.gpu()) {
             let buf = crate::backend::wgpu::kernels::select(gc, ga, gb, &shape)?;
-            return Ok(super::device::gpu_out(buf, shape, a.dtype));
+            return Ok(Output::device(buf, shape, a.dtype));
         }
         let buf = dispatch!(a.dtype, T => select::<T>(c.into(), a.into(), b.into(), &shape)?);
         Ok(Output::New {

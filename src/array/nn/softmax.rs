@@ -19,11 +19,7 @@ fn softmax_impl(x: NDArray, axis: isize, log: bool, at: SourceLocation) -> Resul
         #[cfg(feature = "gpu")]
         if let Some(g) = a.gpu().filter(|_| a.dtype.is_float()) {
             let buf = crate::backend::wgpu::kernels::softmax(name, g, axis, log)?;
-            return Ok(crate::array::device::gpu_out(
-                buf,
-                a.shape().clone(),
-                a.dtype,
-            ));
+            return Ok(Output::device(buf, a.shape().clone(), a.dtype));
         }
         let buf = dispatch_float!(a.dtype, T => softmax_kernel::<T>(a.into(), axis, log)?,
             else return Err(engine::unsupported(name, a)));

@@ -4,8 +4,6 @@
 //! [`UnaryRule`]). The public methods ([`methods`]) come from these definitions.
 
 use super::NDArray;
-#[cfg(feature = "gpu")]
-use crate::array::device::gpu_out;
 use crate::array::grad::{masked, zero_like};
 use crate::autograd::nones;
 use crate::autograd::{
@@ -184,7 +182,7 @@ pub(crate) fn binary(
             #[cfg(feature = "gpu")]
             if let (Some(ga), Some(gb)) = (a.gpu(), b.gpu()) {
                 let buf = crate::backend::wgpu::kernels::binary(op, ga, gb, &shape)?;
-                return Ok(gpu_out(buf, shape, a.dtype));
+                return Ok(Output::device(buf, shape, a.dtype));
             }
             let buf = dispatch!(a.dtype, T => per_binop!(op, O =>
                 cpu::map_binary::<T, T>(a, b, &shape, |p, q| arith(O, p, q))))?;
@@ -201,7 +199,7 @@ pub(crate) fn binary(
             if let Some(ga) = a.gpu() {
                 let s = autograd::scalar_f64(s);
                 let buf = crate::backend::wgpu::kernels::binary_scalar(op, ga, s, scalar_left)?;
-                return Ok(gpu_out(buf, a.shape().clone(), a.dtype));
+                return Ok(Output::device(buf, a.shape().clone(), a.dtype));
             }
             let buf = dispatch!(a.dtype, T => {
                 let s: T = s.cast();
@@ -240,7 +238,7 @@ pub(crate) fn comparison(x: NDArray, op: CmpOp, rhs: Rhs, at: SourceLocation) ->
             #[cfg(feature = "gpu")]
             if let (Some(ga), Some(gb)) = (a.gpu(), b.gpu()) {
                 let buf = crate::backend::wgpu::kernels::compare(op, ga, gb, &shape)?;
-                return Ok(gpu_out(buf, shape, DType::Bool));
+                return Ok(Output::device(buf, shape, DType::Bool));
             }
             let buf = dispatch!(a.dtype, T => per_cmpop!(op, O =>
                 cpu::map_binary::<T, u8>(a, b, &shape, |p, q| compare(O, p, q))))?;
@@ -268,7 +266,7 @@ pub(crate) fn comparison(x: NDArray, op: CmpOp, rhs: Rhs, at: SourceLocation) ->
                     });
                 };
                 let buf = crate::backend::wgpu::kernels::compare_scalar(op, ga, bits)?;
-                return Ok(gpu_out(buf, a.shape().clone(), DType::Bool));
+                return Ok(Output::device(buf, a.shape().clone(), DType::Bool));
             }
             // Float arrays take the scalar in their dtype. Integer and Bool arrays
             // compare as numbers (false = 0, true = 1), as numpy does: the scalar is
@@ -329,7 +327,7 @@ pub(crate) fn unary(x: NDArray, op: UnOp, at: SourceLocation) -> Result<NDArray>
         #[cfg(feature = "gpu")]
         if let Some(ga) = a.gpu() {
             let buf = crate::backend::wgpu::kernels::unary(op, ga)?;
-            return Ok(gpu_out(buf, a.shape().clone(), a.dtype));
+            return Ok(Output::device(buf, a.shape().clone(), a.dtype));
         }
         let buf = match op {
             UnOp::Abs | UnOp::Neg | UnOp::Square | UnOp::Relu => dispatch!(a.dtype, T => match op {

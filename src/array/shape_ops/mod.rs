@@ -40,7 +40,7 @@ fn reshape_output(o: &Operand<'_>, shape: Shape) -> Result<Output> {
     #[cfg(feature = "gpu")]
     if let Some(g) = o.gpu() {
         let buf = crate::backend::wgpu::kernels::convert("reshape", g, o.dtype)?;
-        return Ok(crate::array::device::gpu_out(buf, shape, o.dtype));
+        return Ok(Output::device(buf, shape, o.dtype));
     }
     let (buf, _) = engine::materialize(o)?;
     Ok(Output::New {
