@@ -258,7 +258,7 @@ impl NDManager {
         shape: &Shape,
         dtype: DType,
         at: SourceLocation,
-        dist: impl FnOnce() -> Result<crate::backend::wgpu::kernels::Dist>,
+        dist: impl FnOnce() -> Result<crate::backend::wgpu::random::Dist>,
     ) -> Option<Result<NDArray>> {
         let Device::Gpu(g) = self.device() else {
             return None;
@@ -270,7 +270,7 @@ impl NDManager {
             let dist = dist()?;
             engine::check_manager(self.id)?;
             let ctx = crate::backend::wgpu::ctx(g)?;
-            let buf = crate::backend::wgpu::kernels::random(ctx, n, dist, random::key())?;
+            let buf = crate::backend::wgpu::random::random(ctx, n, dist, random::key())?;
             let id = engine::create_stored(self.id, buf.into(), shape.clone(), dtype, at)?;
             Ok(NDArray { id })
         })())
@@ -431,7 +431,7 @@ impl NDManager {
             #[cfg(feature = "gpu")]
             if let Some(a) = self.random_on_device(n, &shape, dtype, at, || {
                 random::check_normal(loc, scale)?;
-                Ok(crate::backend::wgpu::kernels::Dist::Normal(loc as f32, scale as f32))
+                Ok(crate::backend::wgpu::random::Dist::Normal(loc as f32, scale as f32))
             }) {
                 return a;
             }
@@ -452,7 +452,7 @@ impl NDManager {
             #[cfg(feature = "gpu")]
             if let Some(a) = self.random_on_device(n, &shape, dtype, at, || {
                 random::check_uniform(low, high)?;
-                Ok(crate::backend::wgpu::kernels::Dist::Uniform(low as f32, high as f32))
+                Ok(crate::backend::wgpu::random::Dist::Uniform(low as f32, high as f32))
             }) {
                 return a;
             }

@@ -46,7 +46,7 @@ fn cross_entropy_impl(logits: NDArray, labels: NDArray, at: SourceLocation) -> R
             if y.dtype.is_float() || y.dtype == crate::DType::Bool {
                 return Err(engine::unsupported(OP, y));
             }
-            let (loss, soft) = crate::backend::wgpu::kernels::cross_entropy(OP, gx, gy, (n, c))?;
+            let (loss, soft) = crate::backend::wgpu::rows::cross_entropy(OP, gx, gy, (n, c))?;
             saved_gpu = Some((soft, Shape::from([n, c]), x.dtype));
             return Ok(Output::device(loss, Shape(Dims::new()), x.dtype));
         }
@@ -106,7 +106,7 @@ impl Backward for CrossEntropyRule {
             let (n, c) = (pd[0], pd[1]);
             #[cfg(feature = "gpu")]
             if let (Some(gp), Some(gg), Some(gl)) = (o[0].gpu(), gd.gpu(), o[2].gpu()) {
-                use crate::backend::wgpu::kernels::cross_entropy_grad;
+                use crate::backend::wgpu::rows::cross_entropy_grad;
                 let buf = cross_entropy_grad(OP, gp, gl, gg, (n, c))?;
                 return Ok(Output::device(buf, Shape::from([n, c]), o[0].dtype));
             }

@@ -18,7 +18,7 @@ fn softmax_impl(x: NDArray, axis: isize, log: bool, at: SourceLocation) -> Resul
         let axis = normalize_axis(name, a, axis)?;
         #[cfg(feature = "gpu")]
         if let Some(g) = a.gpu().filter(|_| a.dtype.is_float()) {
-            let buf = crate::backend::wgpu::kernels::softmax(name, g, axis, log)?;
+            let buf = crate::backend::wgpu::rows::softmax(name, g, axis, log)?;
             return Ok(Output::device(buf, a.shape().clone(), a.dtype));
         }
         let buf = dispatch_float!(a.dtype, T => softmax_kernel::<T>(a.into(), axis, log)?,

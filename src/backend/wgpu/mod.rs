@@ -33,6 +33,8 @@
 
 pub(crate) mod inplace;
 pub(crate) mod kernels;
+pub(crate) mod random;
+pub(crate) mod rows;
 
 use crate::DType;
 use crate::device::Device;
