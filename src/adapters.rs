@@ -2,46 +2,46 @@
 //! and waiting for one ([`synchronize`]). The backends are asked; [`Device`] itself is
 //! in `device.rs`, below them.
 
+use crate::DType;
 use crate::device::{Device, DeviceInfo};
 
 /// The devices this process can use: the CPU first, then every GPU adapter found (only
 /// with the `gpu` feature; without a driver the list holds the CPU alone).
 pub fn devices() -> Vec<DeviceInfo> {
-    let mut v = vec![DeviceInfo {
+    let cpu = DeviceInfo {
         device: Device::Cpu,
         name: "cpu".into(),
         backend: "cpu".into(),
-    }];
-    v.extend(
-        gpu_adapters()
-            .into_iter()
-            .enumerate()
-            .map(|(n, (name, backend))| DeviceInfo {
-                device: Device::Gpu(n),
-                name,
-                backend,
-            }),
-    );
-    v
-}
-
-/// The GPU adapters (name, backend) in [`devices`]' order: none until a GPU backend
-/// is built in.
-fn gpu_adapters() -> Vec<(String, String)> {
+        dtypes: vec![
+            DType::F32,
+            DType::F64,
+            DType::I32,
+            DType::I64,
+            DType::U8,
+            DType::Bool,
+        ],
+    };
     #[cfg(feature = "gpu")]
-    {
-        crate::backend::wgpu::adapters()
-            .iter()
-            .map(|a| (a.name.clone(), a.backend.to_string()))
-            .collect()
-    }
+    let gpus = crate::backend::wgpu::adapters()
+        .iter()
+        .enumerate()
+        .map(|(n, a)| DeviceInfo {
+            device: Device::Gpu(n),
+            name: a.name.clone(),
+            backend: a.backend.to_string(),
+            dtypes: a.dtypes(),
+        });
     #[cfg(not(feature = "gpu"))]
-    Vec::new()
+    let gpus = std::iter::empty();
+    std::iter::once(cpu).chain(gpus).collect()
 }
 
 /// How many GPUs [`devices`] lists.
 pub(crate) fn gpu_count() -> usize {
-    gpu_adapters().len()
+    #[cfg(feature = "gpu")]
+    return crate::backend::wgpu::adapters().len();
+    #[cfg(not(feature = "gpu"))]
+    0
 }
 
 /// `Ok` if `device` exists here, else `NoDevice`.

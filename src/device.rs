@@ -57,4 +57,9 @@ pub struct DeviceInfo {
     pub name: String,
     /// The API that drives it: "cpu", or wgpu's backend ("vulkan", "metal", "dx12").
     pub backend: String,
+    /// The dtypes its arrays may have: every dtype on the CPU; on a GPU F32, I32, U8
+    /// and Bool, plus I64 where the adapter offers 64-bit integers in shaders
+    /// (`SHADER_INT64`) and F64 where it offers 64-bit floats too (`SHADER_F64`).
+    /// Making an array of another dtype there is an `UnsupportedDTypeOn` error.
+    pub dtypes: Vec<crate::DType>,
 }

@@ -393,6 +393,19 @@ impl ScalarValue {
             ScalarValue::Int(v) => T::from_i64(v),
         }
     }
+
+    /// The bits of `self` cast to `dtype` as [`ScalarValue::cast`] casts it, in the low
+    /// bytes of a word (a GPU kernel's scalar).
+    #[cfg(feature = "gpu")]
+    pub(crate) fn bits(self, dtype: DType) -> u64 {
+        match dtype {
+            DType::F32 => u64::from(self.cast::<f32>().to_bits()),
+            DType::F64 => self.cast::<f64>().to_bits(),
+            DType::I32 => u64::from(self.cast::<i32>() as u32),
+            DType::I64 => self.cast::<i64>() as u64,
+            DType::U8 | DType::Bool => u64::from(self.cast::<u8>()),
+        }
+    }
 }
 
 macro_rules! scalar {

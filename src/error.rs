@@ -251,6 +251,21 @@ pub enum NdError {
         /// The array.
         array: Box<ArrayDesc>,
     },
+    /// A device cannot hold the dtype: a GPU whose adapter does not offer 64-bit
+    /// integers or floats in its shaders (wgpu's `SHADER_INT64`, `SHADER_F64`) has no
+    /// I64 or F64 arrays. Nothing was allocated. (`UnsupportedDType` names an array,
+    /// and here there may be none yet: a manager creating on the device.)
+    #[error(
+        "{op}: {device} cannot hold {dtype} arrays (its adapter does not offer {dtype} in shaders)"
+    )]
+    UnsupportedDTypeOn {
+        /// The operation.
+        op: &'static str,
+        /// The dtype.
+        dtype: DType,
+        /// The device.
+        device: Device,
+    },
     /// A Rust element type does not match the array's dtype.
     #[error("{op}: requested {requested} but the array holds {}: {array}", array.dtype)]
     ElementType {

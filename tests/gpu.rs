@@ -70,9 +70,23 @@ fn same(what: &str, d: Device, inputs: &[&NDArray], rel: f32, f: impl Fn(&[NDArr
             &want.to_vec::<f32>().unwrap(),
             rel,
         ),
+        DType::F64 => {
+            let (g, w) = (got.to_vec::<f64>().unwrap(), want.to_vec::<f64>().unwrap());
+            assert_eq!(g.len(), w.len(), "{what}: length");
+            for (i, (g, w)) in g.iter().zip(&w).enumerate() {
+                let ok = (g.is_nan() && w.is_nan())
+                    || (g - w).abs() <= f64::from(rel) * 1e-6 * (1.0 + w.abs());
+                assert!(ok, "{what}[{i}]: gpu {g}, cpu {w}");
+            }
+        }
         DType::I32 => assert_eq!(
             got.to_vec::<i32>().unwrap(),
             want.to_vec::<i32>().unwrap(),
+            "{what}"
+        ),
+        DType::I64 => assert_eq!(
+            got.to_vec::<i64>().unwrap(),
+            want.to_vec::<i64>().unwrap(),
             "{what}"
         ),
         DType::Bool => assert_eq!(
@@ -85,8 +99,14 @@ fn same(what: &str, d: Device, inputs: &[&NDArray], rel: f32, f: impl Fn(&[NDArr
             want.to_vec::<u8>().unwrap(),
             "{what}"
         ),
-        t => panic!("{what}: unexpected {t:?}"),
     }
+}
+
+/// Whether `d` holds `t` arrays (I64 and F64 need the adapter's 64-bit shaders).
+fn holds(d: Device, t: DType) -> bool {
+    devices()
+        .into_iter()
+        .any(|i| i.device == d && i.dtypes.contains(&t))
 }
 
 #[test]
@@ -113,20 +133,16 @@ fn every_dtype_goes_up_and_comes_back() {
         t.to_device(d).to_vec::<f32>().unwrap(),
         t.to_vec::<f32>().unwrap()
     );
-    // F64 has no kernel set on the device yet: a typed error, nothing allocated.
-    let before = memory_on(d);
-    let e = m.zeros([2], DType::F64).try_to_device(d).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            NdError::Unsupported {
-                op: "to_device",
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert_eq!(memory_on(d).live_bytes, before.live_bytes);
+    // I64 and F64 where the adapter offers them (llvmpipe does); see
+    // `without_64bit_shaders_i64_and_f64_are_refused` for where it does not.
+    let l = m.create(&[1i64 << 40, -3, i64::MAX, i64::MIN], [2, 2]);
+    let x = m.create(&[0.1f64, -1e300, f64::MIN_POSITIVE, 1.0 / 3.0], [4]);
+    for a in [l, x] {
+        assert!(holds(d, a.dtype()), "llvmpipe offers {}", a.dtype());
+        let g = a.to_device(d);
+        assert_eq!(g.to_string(), a.to_string());
+        assert_eq!(g.to_device(Device::Cpu).to_string(), a.to_string());
+    }
     m.close();
 }
 
@@ -543,4 +559,199 @@ fn random_draws_on_the_device_are_seeded_and_distributed() {
         Err(NdError::InvalidArgument { .. })
     ));
     g.close();
+}
+
+/// I64 and F64 on the device (where the adapter offers them): arithmetic beyond 32
+/// bits and 24-bit mantissas, scalars of 64 bits, casts, comparisons, reductions and
+/// matmul, exactly as the CPU. Math that Vulkan gives 32-bit floats only is refused.
+#[test]
+fn i64_and_f64_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    if !holds(d, DType::F64) || !holds(d, DType::I64) {
+        eprintln!("{d} has no 64-bit shaders: skipped");
+        return;
+    }
+    let m = NDManager::new();
+    let x = m.create(&[0.1f64, 1e-300, 3.0, -2.5, 1e15 + 0.5, 7.0], [2, 3]);
+    let y = m.create(&[3.0f64, 1.0 / 3.0, -1e-3], [3]);
+    let big: Vec<i64> = (0..12).map(|i| (i - 5) * 3_000_000_007).collect();
+    let i = m.create(&big, [3, 4]);
+    let j = m.create(&[1i64 << 33, -7, 5, 1 << 40], [4]);
+    let f = m.create(&vals(60, 3), [3, 4, 5]);
+    let cases: [(&str, &[&NDArray], Op); 20] = [
+        ("f64 add broadcast", &[&x, &y], |v| v[0] + v[1]),
+        ("f64 div", &[&x, &y], |v| v[0] / v[1]),
+        ("f64 maximum", &[&x, &y], |v| v[0].maximum(v[1])),
+        ("f64 scalar", &[&x], |v| v[0] * 0.1 + 1e-17),
+        ("f64 sqrt abs", &[&x], |v| v[0].abs().sqrt()),
+        ("f64 relu neg", &[&x], |v| (-v[0]).relu()),
+        ("f64 compare", &[&x, &y], |v| v[0].gt(v[1])),
+        ("f64 compare scalar", &[&x], |v| v[0].le(0.1)),
+        ("f64 sum mean", &[&x], |v| {
+            v[0].sum_axes(&[1], false) + v[0].mean()
+        }),
+        ("f64 max min", &[&x], |v| {
+            v[0].max_axes(&[0], false) - v[0].min()
+        }),
+        ("f64 matmul", &[&x, &y], |v| v[0].matmul(v[1])),
+        ("f64 to f32", &[&x], |v| v[0].to_dtype(DType::F32)),
+        ("f32 to f64", &[&f], |v| v[0].to_dtype(DType::F64) * 1e-10),
+        ("i64 arithmetic", &[&i, &j], |v| v[0] * 3 - v[1] + v[0]),
+        ("i64 scalar beyond i32", &[&i], |v| v[0] + 5_000_000_000i64),
+        ("i64 compare", &[&i, &j], |v| v[0].ge(v[1])),
+        ("i64 sums and extremes", &[&i], |v| {
+            v[0].sum_axes(&[0], false) + v[0].max_axes(&[1], true) - v[0].min()
+        }),
+        ("i64 mean is f64", &[&i], |v| v[0].mean_axes(&[1], false)),
+        ("i64 matmul", &[&i, &j], |v| v[0].matmul(v[1])),
+        ("i64 to f64 and i32", &[&i], |v| {
+            v[0].to_dtype(DType::F64) + v[0].to_dtype(DType::I32).to_dtype(DType::F64)
+        }),
+    ];
+    for (what, inputs, f) in cases {
+        same(what, d, inputs, 0.0, f);
+    }
+    // I32 reductions and matmul too (sums wrap as on the CPU).
+    let k = m.create(&[i32::MAX, 5, -3, 9, i32::MIN, 2], [3, 2]);
+    same("i32 sum wraps", d, &[&k], 0.0, |v| {
+        v[0].sum_axes(&[0], false)
+    });
+    same("i32 max min", d, &[&k], 0.0, |v| {
+        v[0].max() - v[0].min_axes(&[1], false)
+    });
+    same("i32 matmul", d, &[&k, &k], 0.0, |v| {
+        v[0].transpose().matmul(v[1])
+    });
+    // Vulkan has exp, log and tanh for 32-bit floats only: refused, not wrong.
+    let g = x.to_device(d);
+    let e = g.try_exp().unwrap_err();
+    assert!(
+        matches!(e, NdError::Unsupported { op: "exp", device } if device == d),
+        "{e}"
+    );
+    m.close();
+}
+
+/// `argmax`/`argmin` on the device as on the CPU: over every axis and the flattened
+/// array, rows wider than a workgroup, ties (the first index), NaN (the first NaN
+/// wins), views, integer and U8 inputs.
+#[test]
+fn arg_reductions_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    if !holds(d, DType::I64) {
+        eprintln!("{d} has no 64-bit integers: skipped");
+        return;
+    }
+    let m = NDManager::new();
+    let a = m.create(&vals(2 * 3 * 50, 21), [2, 3, 50]);
+    // Few distinct values: many ties.
+    let ties: Vec<f32> = vals(4 * 600, 22)
+        .iter()
+        .map(|&v| if v > 3.0 { 1.0 } else { 0.0 })
+        .collect();
+    let ties = m.create(&ties, [4, 600]);
+    let mut nan = vals(4 * 300, 24);
+    nan[7] = f32::NAN;
+    nan[300 + 290] = f32::NAN;
+    nan[300 + 299] = f32::NAN;
+    nan[900 + 299] = f32::NAN;
+    let nan = m.create(&nan, [4, 300]);
+    let i = m.create(&[3i32, 9, 9, -2, 9, 0], [2, 3]);
+    let u = m.create(&[4u8, 200, 200, 7, 0, 255], [3, 2]);
+    let cases: [(&str, &[&NDArray], Op); 16] = [
+        ("argmax flat", &[&a], |v| v[0].argmax()),
+        ("argmin flat", &[&a], |v| v[0].argmin()),
+        ("argmax axis 0", &[&a], |v| v[0].argmax_axis(0, false)),
+        ("argmin axis 1 keep", &[&a], |v| v[0].argmin_axis(1, true)),
+        ("argmax last", &[&a], |v| v[0].argmax_axis(-1, false)),
+        ("argmax of a view", &[&a], |v| {
+            v[0].permute(&[2, 0, 1]).get("::-3").argmax_axis(0, false)
+        }),
+        ("argmax ties", &[&ties], |v| v[0].argmax_axis(1, false)),
+        ("argmin ties flat", &[&ties], |v| v[0].argmin()),
+        ("argmax nan", &[&nan], |v| v[0].argmax_axis(1, false)),
+        ("argmin nan", &[&nan], |v| v[0].argmin_axis(1, false)),
+        ("argmax nan flat", &[&nan], |v| v[0].argmax()),
+        ("argmax i32", &[&i], |v| v[0].argmax_axis(1, false)),
+        ("argmin i32 flat", &[&i], |v| v[0].argmin()),
+        ("argmax u8", &[&u], |v| v[0].argmax_axis(0, true)),
+        // NaN propagates through max, min and maximum as on the CPU.
+        ("max min nan", &[&nan], |v| {
+            v[0].max_axes(&[1], false) + v[0].min_axes(&[0], false).sum()
+        }),
+        ("maximum nan", &[&nan], |v| v[0].maximum(v[0].get("::-1"))),
+    ];
+    for (what, inputs, f) in cases {
+        same(what, d, inputs, 0.0, f);
+    }
+    // An empty axis with other elements left is an error there as here.
+    let e = m.zeros([3, 0], DType::F32).to_device(d);
+    assert!(matches!(
+        e.try_argmax_axis(1, false).unwrap_err(),
+        NdError::InvalidArgument { .. }
+    ));
+    same("argmax of nothing", d, &[&e], 0.0, |v| {
+        v[0].argmax_axis(0, false)
+    });
+    m.close();
+}
+
+/// An adapter without 64-bit shaders (forced with `NDSCOPE_GPU_NO_64BIT=1`, in a child
+/// process since the adapters are listed once per process): `devices()` says so, and
+/// making an I64 or F64 array there, by any road, is `UnsupportedDTypeOn` naming the
+/// device, with nothing allocated on it.
+#[test]
+fn without_64bit_shaders_i64_and_f64_are_refused() {
+    const NAME: &str = "without_64bit_shaders_i64_and_f64_are_refused";
+    if std::env::var("NDSCOPE_GPU_NO_64BIT").as_deref() != Ok("1") {
+        let Some(_) = gpu() else { return };
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .env("NDSCOPE_GPU_NO_64BIT", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "child failed:\n{text}");
+        assert!(text.contains("1 passed"), "child ran nothing:\n{text}");
+        return;
+    }
+    let Some(d) = gpu() else { return };
+    assert!(!holds(d, DType::I64) && !holds(d, DType::F64));
+    assert!(holds(d, DType::F32) && holds(d, DType::U8));
+    let m = NDManager::new();
+    let g = NDManager::new_on(d);
+    let x = m.create(&[1.0f64, 2.0], [2]);
+    let f = m.create(&[1.0f32, 2.0], [2]).to_device(d);
+    let before = memory_on(d).live_bytes;
+    let errors = [
+        ("to_device", DType::F64, x.try_to_device(d).unwrap_err()),
+        (
+            "create",
+            DType::I64,
+            g.try_create(&[1i64, 2], [2]).unwrap_err(),
+        ),
+        (
+            "to_dtype",
+            DType::F64,
+            f.try_to_dtype(DType::F64).unwrap_err(),
+        ),
+        ("argmax", DType::I64, f.try_argmax().unwrap_err()),
+    ];
+    for (op, dtype, e) in errors {
+        match &e {
+            NdError::UnsupportedDTypeOn {
+                op: o,
+                dtype: t,
+                device,
+            } => assert_eq!((*o, *t, *device), (op, dtype, d), "{e}"),
+            _ => panic!("{op}: expected UnsupportedDTypeOn, got {e}"),
+        }
+        assert!(e.to_string().contains(&d.to_string()), "{e}");
+    }
+    assert_eq!(memory_on(d).live_bytes, before);
+    g.close();
+    m.close();
 }

@@ -9,7 +9,9 @@ use super::shape_ops;
 use crate::Device;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::engine::{self, Operand, Output};
-use crate::error::{NdError, Result, SourceLocation};
+#[cfg(not(feature = "gpu"))]
+use crate::error::NdError;
+use crate::error::{Result, SourceLocation};
 
 /// A copy of `x` on `device` (checked to exist).
 pub(crate) fn to_device(x: NDArray, device: Device, at: SourceLocation) -> Result<NDArray> {
@@ -51,15 +53,10 @@ fn copy(o: &Operand<'_>, device: Device) -> Result<Output> {
         }
         Device::Gpu(n) => {
             let ctx = wgpu::ctx(n)?;
-            if wgpu::elem_bytes(dtype).is_none() {
-                return Err(NdError::Unsupported {
-                    op: "to_device",
-                    device,
-                });
-            }
+            ctx.check_dtype("to_device", dtype)?;
             let buf = match o.gpu() {
                 Some(g) if o.device() == device => wgpu::kernels::convert("to_device", g, dtype)?,
-                _ => wgpu::upload(ctx, &host(o)?, dtype)?,
+                _ => wgpu::upload("to_device", ctx, &host(o)?, dtype)?,
             };
             Ok(Output::Stored {
                 buf: buf.into(),

@@ -164,7 +164,7 @@ fn reduction(
         }
         #[cfg(feature = "gpu")]
         if let Some(ga) = a.gpu() {
-            use crate::backend::wgpu::kernels::{Reduce, reduce};
+            use crate::backend::wgpu::reduce::{Reduce, reduce};
             let kind = match op {
                 Red::Sum => Reduce::Sum,
                 Red::Mean => Reduce::Mean,
@@ -177,7 +177,7 @@ fn reduction(
                     });
                 }
             };
-            let buf = reduce(name, kind, ga, &axes)?;
+            let (buf, dtype) = reduce(name, kind, ga, &axes)?;
             return Ok(Output::device(buf, shape, dtype));
         }
         let (buf, dtype) = match op {
@@ -250,7 +250,7 @@ fn arg_reduction(
     at: SourceLocation,
 ) -> Result<NDArray> {
     let name = if is_max { "argmax" } else { "argmin" };
-    let id = engine::run_op(name, &[x.id], at, |o| {
+    let id = engine::run_op_on(name, &[x.id], at, |o| {
         let a = &o[0];
         let axes: Axes = match axis {
             Some(axis) => std::iter::once(normalize_axis(name, a, axis)?).collect(),
@@ -263,6 +263,11 @@ fn arg_reduction(
                 name,
                 "attempt to get the index of an extreme of an empty sequence",
             ));
+        }
+        #[cfg(feature = "gpu")]
+        if let Some(ga) = a.gpu() {
+            let buf = crate::backend::wgpu::reduce::arg_reduce(name, is_max, ga, &axes)?;
+            return Ok(Output::device(buf, shape, DType::I64));
         }
         let v: Vec<i64> = dispatch!(a.dtype, T => {
             let init = ArgAcc { best: T::ZERO, index: -1, seen: 0 };

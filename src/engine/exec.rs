@@ -643,7 +643,7 @@ pub(crate) fn create(
         // SAFETY: the buffer was just made and is not shared.
         let bytes = unsafe { buf.slice::<u8>() };
         let n_bytes = shape.size() * dtype.size_in_bytes();
-        let dev = crate::backend::wgpu::upload(ctx, &bytes[..n_bytes], dtype)?;
+        let dev = crate::backend::wgpu::upload("create", ctx, &bytes[..n_bytes], dtype)?;
         return create_stored(mgr, dev.into(), shape, dtype, at);
     }
     create_stored(mgr, buf.into(), shape, dtype, at)
@@ -836,7 +836,7 @@ pub(crate) fn read<R>(id: ArrayId, f: impl FnOnce(&Operand<'_>) -> R) -> Result<
     #[cfg(feature = "gpu")]
     if let Some(g) = o.gpu() {
         // A read of device data waits for the queued work and copies the buffer back.
-        let n = g.buf.bytes() / crate::backend::wgpu::elem_bytes(o.dtype).unwrap_or(4);
+        let n = g.buf.bytes() / crate::backend::wgpu::elem_bytes(o.dtype);
         let host = crate::backend::wgpu::download(g.buf, n, o.dtype)?;
         let copy = Storage::from(cpu::new_overwritten::<u8>(host.len(), |d| {
             d.copy_from_slice(&host)

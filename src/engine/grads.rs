@@ -245,6 +245,7 @@ pub(crate) fn add_into(
             }
             // A value to be summed down to the gradient's shape is summed first (a
             // reduction kernel), then added in.
+            use crate::backend::wgpu::reduce::{Reduce, reduce};
             use crate::backend::wgpu::{inplace, kernels};
             return match v.and_then(|o| o.gpu()) {
                 Some(x) if sum && x.layout.shape != t.layout.shape => {
@@ -256,7 +257,7 @@ pub(crate) fn add_into(
                     let axes: Vec<usize> = (0..xd.len())
                         .filter(|&d| d < lead || (td[d - lead] == 1 && xd[d] != 1))
                         .collect();
-                    let red = kernels::reduce(op, kernels::Reduce::Sum, x, &axes)?;
+                    let (red, _) = reduce(op, Reduce::Sum, x, &axes)?;
                     let l = Layout::contiguous(ts);
                     let view = kernels::View {
                         buf: &red,

@@ -197,8 +197,8 @@ pub(crate) fn binary(
             numeric(name, a)?;
             #[cfg(feature = "gpu")]
             if let Some(ga) = a.gpu() {
-                let s = autograd::scalar_f64(s);
-                let buf = crate::backend::wgpu::kernels::binary_scalar(op, ga, s, scalar_left)?;
+                let bits = s.bits(a.dtype);
+                let buf = crate::backend::wgpu::kernels::binary_scalar(op, ga, bits, scalar_left)?;
                 return Ok(Output::device(buf, a.shape().clone(), a.dtype));
             }
             let buf = dispatch!(a.dtype, T => {
@@ -253,10 +253,15 @@ pub(crate) fn comparison(x: NDArray, op: CmpOp, rhs: Rhs, at: SourceLocation) ->
             #[cfg(feature = "gpu")]
             if let Some(ga) = a.gpu() {
                 // The same rule as below, where the device can keep it exactly: a float
-                // array takes the scalar in its dtype, an I32 array an integer in range.
+                // array takes the scalar in its dtype, an integer array an integer in
+                // range.
                 let bits = match (a.dtype, s) {
-                    (DType::F32, s) => Some((autograd::scalar_f64(s) as f32).to_bits()),
-                    (DType::I32, ScalarValue::Int(v)) => i32::try_from(v).ok().map(|v| v as u32),
+                    (DType::F32, s) => Some(u64::from((autograd::scalar_f64(s) as f32).to_bits())),
+                    (DType::F64, s) => Some(autograd::scalar_f64(s).to_bits()),
+                    (DType::I32, ScalarValue::Int(v)) => {
+                        i32::try_from(v).ok().map(|v| u64::from(v as u32))
+                    }
+                    (DType::I64, ScalarValue::Int(v)) => Some(v as u64),
                     _ => None,
                 };
                 let Some(bits) = bits else {

@@ -378,8 +378,13 @@ pub(crate) fn to_cpu(x: NDArray, at: SourceLocation) -> Result<NDArray> {
 
 /// A new contiguous array of `x`'s elements as `dtype`, recorded for autograd.
 fn convert(x: NDArray, dtype: DType, op: &'static str, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op(op, &[x.id], at, |o| {
+    let id = engine::run_op_on(op, &[x.id], at, |o| {
         let o = &o[0];
+        #[cfg(feature = "gpu")]
+        if let Some(g) = o.gpu() {
+            let buf = crate::backend::wgpu::kernels::convert(op, g, dtype)?;
+            return Ok(Output::device(buf, o.shape().clone(), dtype));
+        }
         Ok(Output::New {
             buf: cast(o, dtype)?,
             shape: o.shape().clone(),

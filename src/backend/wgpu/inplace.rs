@@ -12,7 +12,9 @@
 //! as it does on the CPU.
 
 use super::GpuBuffer;
-use super::kernels::{INDEX_FN, View, binop_expr, index_params, wgsl_type};
+use super::kernels::{
+    INDEX_FN, View, binop_expr, index_params, scalar_bits, scalar_wgsl, wgsl_type,
+};
 use crate::DType;
 use crate::error::{NdError, Result};
 use crate::layout::Layout;
@@ -33,7 +35,7 @@ pub(crate) fn assign(
     t: ViewMut<'_>,
     x: Option<View<'_>>,
     expr: &str,
-    scalar: u32,
+    scalar: u64,
 ) -> Result<()> {
     let ctx = t.buf.ctx();
     let shape = &t.layout.shape;
@@ -68,7 +70,8 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w:
     if (i >= u32(prm[0])) { return; }
 ";
         src += &format!(
-            "    let s = bitcast<{ty}>(prm[2]);\n    let ti = at(i, 0u);\n    let t = dst[ti];\n"
+            "    let s = {};\n    let ti = at(i, 0u);\n    let t = dst[ti];\n",
+            scalar_wgsl(ty)
         );
         if xty.is_some() {
             src += "    let x = inx[at(i, 1u)];\n";
@@ -84,17 +87,6 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w:
         None => ctx.launch(pipeline, &prm, &[], &[t.buf], grid),
     }
     Ok(())
-}
-
-/// The bits of `v` in `dtype` on the device (a kernel's scalar word).
-pub(crate) fn scalar_bits(v: f64, dtype: DType) -> u32 {
-    match dtype {
-        DType::F32 => (v as f32).to_bits(),
-        DType::I32 => (v as i32) as u32,
-        DType::U8 => u32::from(v as u8),
-        DType::Bool => u32::from(v != 0.0),
-        DType::F64 | DType::I64 => 0, // no such buffers: `elem_bytes` refuses them
-    }
 }
 
 /// `t = t op x` (`x` broadcast to `t`'s shape), or `t = t op s` without `x`.
@@ -137,11 +129,7 @@ pub(crate) fn filled(
     dtype: DType,
     v: f64,
 ) -> Result<GpuBuffer> {
-    let eb = super::elem_bytes(dtype).ok_or(NdError::Unsupported {
-        op,
-        device: ctx.device_id(),
-    })?;
-    let buf = ctx.alloc((shape.size() * eb) as u64)?;
+    let buf = super::kernels::out_buffer(ctx, shape.size(), dtype, op)?;
     let layout = Layout::contiguous(shape.clone());
     fill(
         op,

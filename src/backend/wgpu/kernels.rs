@@ -34,21 +34,38 @@ pub(crate) struct View<'a> {
     pub dtype: DType,
 }
 
-/// The reductions with a kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Reduce {
-    Sum,
-    Mean,
-    Max,
-    Min,
-}
-
 /// The WGSL type of `d`'s elements on the device.
 pub(crate) fn wgsl_type(d: DType) -> &'static str {
     match d {
         DType::F32 => "f32",
+        DType::F64 => "f64",
         DType::I32 => "i32",
-        _ => "u32",
+        DType::I64 => "i64",
+        DType::U8 | DType::Bool => "u32",
+    }
+}
+
+/// The WGSL that reads a kernel's scalar, of type `t`, from parameter words 2 (low)
+/// and 3 (high; 64-bit types only). See [`scalar_bits`].
+pub(crate) fn scalar_wgsl(t: &str) -> String {
+    match t {
+        "f64" | "i64" => {
+            format!("bitcast<{t}>(u64(u32(prm[2])) | (u64(u32(prm[3])) << 32u))")
+        }
+        _ => format!("bitcast<{t}>(prm[2])"),
+    }
+}
+
+/// The bits of `v` converted to `dtype` (as the CPU's casts), as a kernel's scalar
+/// words 2 and 3 read them ([`scalar_wgsl`]).
+pub(crate) fn scalar_bits(v: f64, dtype: DType) -> u64 {
+    match dtype {
+        DType::F32 => u64::from((v as f32).to_bits()),
+        DType::F64 => v.to_bits(),
+        DType::I32 => u64::from((v as i32) as u32),
+        DType::I64 => (v as i64) as u64,
+        DType::U8 => u64::from(v as u8),
+        DType::Bool => u64::from(v != 0.0),
     }
 }
 
@@ -59,15 +76,16 @@ pub(super) fn unsupported(op: &'static str, ctx: &Ctx) -> NdError {
     }
 }
 
-/// The output buffer of `n` elements of `dtype`.
+/// The output buffer of `n` elements of `dtype` (`UnsupportedDTypeOn` where the
+/// device has no such arrays).
 pub(super) fn out_buffer(
     ctx: &'static Ctx,
     n: usize,
     dtype: DType,
     op: &'static str,
 ) -> Result<GpuBuffer> {
-    let eb = elem_bytes(dtype).ok_or_else(|| unsupported(op, ctx))?;
-    ctx.alloc((n * eb) as u64)
+    ctx.check_dtype(op, dtype)?;
+    ctx.alloc((n * elem_bytes(dtype)) as u64)
 }
 
 /// Workgroups for `n` threads of [`WG`]: a 2-D grid past 65,535 groups.
@@ -95,14 +113,15 @@ fn at(i: u32, k: u32) -> i32 {
 ";
 
 /// The parameter words of [`INDEX_FN`]: `n` elements over `shape`, input `k` read at
-/// `inputs[k].0 + sum(idx[d] * inputs[k].1[d])`, and a scalar's bits. `op` names the
-/// caller in the error for more than [`MAX_DIMS`] dimensions.
+/// `inputs[k].0 + sum(idx[d] * inputs[k].1[d])`, and a scalar's bits (words 2 and 3,
+/// see [`scalar_bits`]). `op` names the caller in the error for more than [`MAX_DIMS`]
+/// dimensions.
 pub(crate) fn index_params(
     op: &'static str,
     ctx: &Ctx,
     shape: &Shape,
     inputs: &[(usize, &[isize])],
-    scalar: u32,
+    scalar: u64,
 ) -> Result<SmallVec<[u32; 40]>> {
     let nd = shape.ndim();
     if nd > MAX_DIMS {
@@ -117,7 +136,8 @@ pub(crate) fn index_params(
     let mut prm: SmallVec<[u32; 40]> = smallvec::smallvec![0; 12 + 9 * inputs.len()];
     prm[0] = shape.size() as u32;
     prm[1] = nd as u32;
-    prm[2] = scalar;
+    prm[2] = scalar as u32;
+    prm[3] = (scalar >> 32) as u32;
     for (d, &len) in shape.dims().iter().enumerate() {
         prm[4 + d] = len as u32;
     }
@@ -138,7 +158,7 @@ fn elementwise(
     shape: &Shape,
     out: DType,
     expr: &str,
-    scalar: u32,
+    scalar: u64,
 ) -> Result<GpuBuffer> {
     let ctx = inputs[0].buf.ctx();
     let strides: SmallVec<[_; 3]> = inputs
@@ -175,7 +195,7 @@ fn elementwise(
         src += INDEX_FN;
         src += "@compute @workgroup_size(256)\nfn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w: vec3<u32>) {\n";
         src += "    let i = g.x + g.y * w.x * 256u;\n    if (i >= u32(prm[0])) { return; }\n";
-        src += &format!("    let s = bitcast<{}>(prm[2]);\n", ts[0]);
+        src += &format!("    let s = {};\n", scalar_wgsl(ts[0]));
         for (k, name) in names.iter().enumerate().take(inputs.len()) {
             src += &format!("    let {name} = in{k}[at(i, {k}u)];\n");
         }
@@ -190,7 +210,7 @@ fn elementwise(
 /// The WGSL of `op` over operands `x` and `y` in type `t`; `None` where the device has
 /// no kernel.
 pub(crate) fn binop_expr(op: BinOp, t: DType, x: &str, y: &str) -> Option<String> {
-    let f32 = t == DType::F32;
+    let float = t.is_float();
     if !numeric(t) {
         return None;
     }
@@ -198,14 +218,14 @@ pub(crate) fn binop_expr(op: BinOp, t: DType, x: &str, y: &str) -> Option<String
         BinOp::Add => format!("{x} + {y}"),
         BinOp::Sub => format!("{x} - {y}"),
         BinOp::Mul => format!("{x} * {y}"),
-        BinOp::Div if f32 => format!("{x} / {y}"),
-        BinOp::Pow if f32 => format!("pow({x}, {y})"),
+        BinOp::Div if float => format!("{x} / {y}"),
+        // Vulkan's pow, exp, log and the like take 32-bit floats only.
+        BinOp::Pow if t == DType::F32 => format!("pow({x}, {y})"),
         // NaN propagates (the CPU's max_of/min_of): only NaN differs from itself.
-        BinOp::Maximum if f32 => {
-            format!("select(select(max({x}, {y}), {y}, {y} != {y}), {x}, {x} != {x})")
-        }
-        BinOp::Minimum if f32 => {
-            format!("select(select(min({x}, {y}), {y}, {y} != {y}), {x}, {x} != {x})")
+        BinOp::Maximum | BinOp::Minimum if float => {
+            let f = if op == BinOp::Maximum { "max" } else { "min" };
+            let (xn, yn) = (is_nan(t, x), is_nan(t, y));
+            format!("select(select({f}({x}, {y}), {y}, {yn}), {x}, {xn})")
         }
         BinOp::Maximum => format!("max({x}, {y})"),
         BinOp::Minimum => format!("min({x}, {y})"),
@@ -213,8 +233,19 @@ pub(crate) fn binop_expr(op: BinOp, t: DType, x: &str, y: &str) -> Option<String
     })
 }
 
+/// WGSL that is true where `x`, of dtype `t`, is NaN. Not `x != x`: the SPIR-V a
+/// WGSL `!=` becomes is an ordered comparison on some drivers (llvmpipe), false for
+/// NaN, so the bits are tested (an F64 through its F32 conversion, which keeps NaN).
+pub(crate) fn is_nan(t: DType, x: &str) -> String {
+    match t {
+        DType::F32 => format!("((bitcast<u32>({x}) & 0x7fffffffu) > 0x7f800000u)"),
+        DType::F64 => format!("((bitcast<u32>(f32({x})) & 0x7fffffffu) > 0x7f800000u)"),
+        _ => "false".into(),
+    }
+}
+
 fn numeric(t: DType) -> bool {
-    matches!(t, DType::F32 | DType::I32)
+    matches!(t, DType::F32 | DType::F64 | DType::I32 | DType::I64)
 }
 
 /// `a op b`, broadcast to `shape`.
@@ -227,17 +258,13 @@ pub(crate) fn binary(op: BinOp, a: View<'_>, b: View<'_>, shape: &Shape) -> Resu
 }
 
 /// `a op s` (or `s op a` when `left`).
-pub(crate) fn binary_scalar(op: BinOp, a: View<'_>, s: f64, left: bool) -> Result<GpuBuffer> {
+/// `bits`: the scalar in `a`'s dtype ([`scalar_bits`]).
+pub(crate) fn binary_scalar(op: BinOp, a: View<'_>, bits: u64, left: bool) -> Result<GpuBuffer> {
     let ctx = a.buf.ctx();
     let (x, y) = if left { ("s", "x") } else { ("x", "s") };
     let expr = binop_expr(op, a.dtype, x, y)
         .filter(|_| numeric(a.dtype))
         .ok_or_else(|| unsupported(op.name(), ctx))?;
-    // The scalar in the array's dtype, as the CPU casts it.
-    let bits = match a.dtype {
-        DType::F32 => (s as f32).to_bits(),
-        _ => (s as i32) as u32,
-    };
     elementwise(op.name(), &[a], &a.layout.shape, a.dtype, &expr, bits)
 }
 
@@ -267,7 +294,7 @@ pub(crate) fn compare(op: CmpOp, a: View<'_>, b: View<'_>, shape: &Shape) -> Res
 
 /// `a cmp s` to Bool, `s` given as its bits in `a`'s type (the caller decides how the
 /// scalar converts; see the op's docs).
-pub(crate) fn compare_scalar(op: CmpOp, a: View<'_>, s_bits: u32) -> Result<GpuBuffer> {
+pub(crate) fn compare_scalar(op: CmpOp, a: View<'_>, s_bits: u64) -> Result<GpuBuffer> {
     let expr = format!("u32(x {} s)", cmp_symbol(op));
     elementwise(op.name(), &[a], &a.layout.shape, DType::Bool, &expr, s_bits)
 }
@@ -288,7 +315,9 @@ pub(crate) fn select(cond: View<'_>, x: View<'_>, y: View<'_>, shape: &Shape) ->
 /// Elementwise math of `op`.
 pub(crate) fn unary(op: UnOp, a: View<'_>) -> Result<GpuBuffer> {
     let ctx = a.buf.ctx();
-    let float = a.dtype == DType::F32;
+    let float = a.dtype.is_float();
+    // Vulkan's exp, log, sin, tanh and the like take 32-bit floats only.
+    let f32 = a.dtype == DType::F32;
     let ty = wgsl_type(a.dtype);
     let expr = match op {
         UnOp::Abs if numeric(a.dtype) => "abs(x)".to_string(),
@@ -296,13 +325,13 @@ pub(crate) fn unary(op: UnOp, a: View<'_>) -> Result<GpuBuffer> {
         UnOp::Square if numeric(a.dtype) => "x * x".into(),
         // NaN propagates, as on the CPU.
         UnOp::Relu if numeric(a.dtype) => format!("select(x, {ty}(0), x < {ty}(0))"),
-        UnOp::Exp if float => "exp(x)".into(),
-        UnOp::Log if float => "log(x)".into(),
+        UnOp::Exp if f32 => "exp(x)".into(),
+        UnOp::Log if f32 => "log(x)".into(),
         UnOp::Sqrt if float => "sqrt(x)".into(),
-        UnOp::Sin if float => "sin(x)".into(),
-        UnOp::Cos if float => "cos(x)".into(),
-        UnOp::Tanh if float => "tanh(x)".into(),
-        UnOp::Sigmoid if float => "1.0 / (1.0 + exp(-x))".into(),
+        UnOp::Sin if f32 => "sin(x)".into(),
+        UnOp::Cos if f32 => "cos(x)".into(),
+        UnOp::Tanh if f32 => "tanh(x)".into(),
+        UnOp::Sigmoid if f32 => "1.0 / (1.0 + exp(-x))".into(),
         _ => return Err(unsupported(op.name(), ctx)),
     };
     elementwise(op.name(), &[a], &a.layout.shape, a.dtype, &expr, 0)
@@ -310,142 +339,17 @@ pub(crate) fn unary(op: UnOp, a: View<'_>) -> Result<GpuBuffer> {
 
 /// A contiguous copy of `a` in dtype `to` (`to == a.dtype`: a plain copy of the view).
 pub(crate) fn convert(op: &'static str, a: View<'_>, to: DType) -> Result<GpuBuffer> {
-    let ctx = a.buf.ctx();
-    if elem_bytes(a.dtype).is_none() || elem_bytes(to).is_none() {
-        return Err(unsupported(op, ctx));
-    }
     let expr = match (a.dtype, to) {
         (f, t) if f == t => "x".to_string(),
         (f, DType::Bool) => format!("u32(x != {}(0))", wgsl_type(f)),
-        (DType::F32, DType::U8) => "u32(clamp(x, 0.0, 255.0))".into(),
+        (f, DType::U8) if f.is_float() => {
+            let t = wgsl_type(f);
+            format!("u32(clamp(x, {t}(0), {t}(255)))")
+        }
         (_, DType::U8) => "u32(x) & 255u".into(),
         (_, t) => format!("{}(x)", wgsl_type(t)),
     };
     elementwise(op, &[a], &a.layout.shape, to, &expr, 0)
-}
-
-/// `kind` of `a` over `axes` (sorted, distinct); the result has `a`'s other dimensions,
-/// in order. F32 only. One workgroup per output element: its threads stride over the
-/// reduced elements and combine in workgroup memory.
-pub(crate) fn reduce(
-    op: &'static str,
-    kind: Reduce,
-    a: View<'_>,
-    axes: &[usize],
-) -> Result<GpuBuffer> {
-    let ctx = a.buf.ctx();
-    if a.dtype != DType::F32 {
-        return Err(unsupported(op, ctx));
-    }
-    let dims = a.layout.shape.dims();
-    if dims.len() > MAX_DIMS {
-        return Err(NdError::invalid(
-            op,
-            format!("at most {MAX_DIMS} dimensions on a GPU"),
-        ));
-    }
-    let (mut keep, mut red) = (Vec::new(), Vec::new());
-    for (d, &len) in dims.iter().enumerate() {
-        let s = a.layout.strides[d] as i32;
-        if axes.contains(&d) {
-            red.push((len, s));
-        } else {
-            keep.push((len, s));
-        }
-    }
-    let n_out: usize = keep.iter().map(|k| k.0).product();
-    let n_red: usize = red.iter().map(|k| k.0).product();
-    let dst = out_buffer(ctx, n_out, DType::F32, op)?;
-    if n_out == 0 {
-        return Ok(dst);
-    }
-    // [n_out, n_red, off, nk, nr, pad*3, keep shape[8], keep strides[8], red shape[8], red strides[8]]
-    let mut prm = [0i32; 8 + 32];
-    prm[0] = n_out as i32;
-    prm[1] = n_red as i32;
-    prm[2] = a.layout.offset as i32;
-    prm[3] = keep.len() as i32;
-    prm[4] = red.len() as i32;
-    for (j, &(len, s)) in keep.iter().enumerate() {
-        prm[8 + j] = len as i32;
-        prm[16 + j] = s;
-    }
-    for (j, &(len, s)) in red.iter().enumerate() {
-        prm[24 + j] = len as i32;
-        prm[32 + j] = s;
-    }
-    let (init, comb, fin) = match kind {
-        Reduce::Sum => ("0.0", "acc + v", "acc"),
-        Reduce::Mean => ("0.0", "acc + v", "acc / f32(n_red)"),
-        Reduce::Max => (
-            "bitcast<f32>(0xff800000u)",
-            "select(select(max(acc, v), v, v != v), acc, acc != acc)",
-            "acc",
-        ),
-        Reduce::Min => (
-            "bitcast<f32>(0x7f800000u)",
-            "select(select(min(acc, v), v, v != v), acc, acc != acc)",
-            "acc",
-        ),
-    };
-    let key = format!("reduce {kind:?}");
-    let pipeline = ctx.pipeline(&key, (1, 1), || {
-        format!(
-            "@group(0) @binding(0) var<storage, read> prm: array<i32>;
-@group(0) @binding(1) var<storage, read> src: array<f32>;
-@group(0) @binding(2) var<storage, read_write> dst: array<f32>;
-var<workgroup> part: array<f32, 256>;
-fn walk(i: u32, nd: u32, base: u32) -> i32 {{
-    var rem = i;
-    var idx = 0;
-    for (var j = 0u; j < nd; j++) {{
-        let d = nd - 1u - j;
-        let s = u32(prm[base + d]);
-        idx += i32(rem % s) * prm[base + 8u + d];
-        rem = rem / s;
-    }}
-    return idx;
-}}
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) w: vec3<u32>, @builtin(local_invocation_index) l: u32) {{
-    let o = wg.x + wg.y * w.x;
-    let n_red = u32(prm[1]);
-    var acc = {init};
-    if (o < u32(prm[0])) {{
-        let base = prm[2] + walk(o, u32(prm[3]), 8u);
-        for (var r = l; r < n_red; r += 256u) {{
-            let v = src[base + walk(r, u32(prm[4]), 24u)];
-            acc = {comb};
-        }}
-    }}
-    part[l] = acc;
-    workgroupBarrier();
-    for (var h = 128u; h > 0u; h = h / 2u) {{
-        if (l < h) {{
-            let v = part[l + h];
-            acc = part[l];
-            part[l] = {comb};
-        }}
-        workgroupBarrier();
-    }}
-    if (l == 0u && o < u32(prm[0])) {{
-        acc = part[0];
-        dst[o] = {fin};
-    }}
-}}
-"
-        )
-    });
-    let prm: Vec<u32> = prm.iter().map(|&w| w as u32).collect();
-    let x = n_out.min(65_535);
-    ctx.launch(
-        pipeline,
-        &prm,
-        &[a.buf],
-        &[&dst],
-        (x as u32, n_out.div_ceil(x) as u32, 1),
-    );
-    Ok(dst)
 }
 
 /// One operand of [`matmul`]: its buffer and the element strides of its rows and
@@ -457,8 +361,16 @@ pub(crate) struct MatView<'a> {
 }
 
 /// `out[b] = A[b] (m x k) @ B[b] (k x n)` for each batch `b`, whose matrices start at
-/// `offsets[b]` (elements of A, of B); `out` is `[batches, m, n]`, contiguous. F32 only.
-/// Tiled: each 16x16 workgroup stages 16x16 blocks of A and B in workgroup memory.
+/// `offsets[b]` (elements of A, of B); `out` is `[batches, m, n]`, contiguous. F32,
+/// F64, I32 and I64 (integers wrap).
+///
+/// Tiled in workgroup memory and in registers: a workgroup of 16x16 threads computes a
+/// 64x64 block of the output, stepping through `k` 16 at a time; each step stages a
+/// 64x16 block of A and a 16x64 block of B (1,024 elements each, 4 per thread, out of
+/// range read as 0), and each thread accumulates a 4x4 grid of outputs (rows `ty +
+/// 16 i`, columns `tx + 16 j`, so neighbouring threads write neighbouring columns)
+/// from 4 + 4 staged values per `k`: 16 multiply-adds per 8 reads of workgroup memory,
+/// where one output per thread makes it 1 per 2.
 pub(crate) fn matmul(
     op: &'static str,
     a: MatView<'_>,
@@ -468,7 +380,7 @@ pub(crate) fn matmul(
     dtype: DType,
 ) -> Result<GpuBuffer> {
     let ctx = a.buf.ctx();
-    if dtype != DType::F32 || offsets.len() > 65_535 {
+    if !numeric(dtype) || offsets.len() > 65_535 {
         return Err(unsupported(op, ctx));
     }
     let dst = out_buffer(ctx, offsets.len() * m * n, dtype, op)?;
@@ -484,44 +396,73 @@ pub(crate) fn matmul(
         prm.push(oa as i32 as u32);
         prm.push(ob as i32 as u32);
     }
-    let pipeline = ctx.pipeline("matmul f32", (2, 1), || {
-        "@group(0) @binding(0) var<storage, read> prm: array<i32>;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
-@group(0) @binding(3) var<storage, read_write> dst: array<f32>;
-var<workgroup> ta: array<array<f32, 16>, 16>;
-var<workgroup> tb: array<array<f32, 16>, 16>;
+    let t = wgsl_type(dtype);
+    let key = format!("matmul {t}");
+    let pipeline = ctx.pipeline(&key, (2, 1), || {
+        format!(
+            "@group(0) @binding(0) var<storage, read> prm: array<i32>;
+@group(0) @binding(1) var<storage, read> a: array<{t}>;
+@group(0) @binding(2) var<storage, read> b: array<{t}>;
+@group(0) @binding(3) var<storage, read_write> dst: array<{t}>;
+var<workgroup> ta: array<array<{t}, 64>, 16>;
+var<workgroup> tb: array<array<{t}, 64>, 16>;
 @compute @workgroup_size(16, 16)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
     let m = u32(prm[0]);
     let n = u32(prm[1]);
     let k = u32(prm[2]);
-    let row = wg.y * 16u + l.y;
-    let col = wg.x * 16u + l.x;
+    let row0 = wg.y * 64u;
+    let col0 = wg.x * 64u;
     let oa = prm[8u + 2u * wg.z];
     let ob = prm[9u + 2u * wg.z];
-    var acc = 0.0;
-    for (var t = 0u; t < k; t += 16u) {
-        let ka = t + l.x;
-        let kb = t + l.y;
-        ta[l.y][l.x] = select(0.0, a[oa + i32(row) * prm[4] + i32(ka) * prm[5]], row < m && ka < k);
-        tb[l.y][l.x] = select(0.0, b[ob + i32(kb) * prm[6] + i32(col) * prm[7]], kb < k && col < n);
+    var acc: array<{t}, 16>;
+    for (var q = 0u; q < 16u; q++) {{
+        acc[q] = {t}(0);
+    }}
+    for (var t = 0u; t < k; t += 16u) {{
+        for (var e = 0u; e < 4u; e++) {{
+            let idx = li + 256u * e;
+            // A: 64 rows by 16 of k, consecutive threads along k.
+            let ar = row0 + idx / 16u;
+            let ak = t + idx % 16u;
+            ta[idx % 16u][idx / 16u] = select({t}(0), a[oa + i32(ar) * prm[4] + i32(ak) * prm[5]], ar < m && ak < k);
+            // B: 16 of k by 64 columns, consecutive threads along the columns.
+            let bk = t + idx / 64u;
+            let bc = col0 + idx % 64u;
+            tb[idx / 64u][idx % 64u] = select({t}(0), b[ob + i32(bk) * prm[6] + i32(bc) * prm[7]], bk < k && bc < n);
+        }}
         workgroupBarrier();
-        for (var i = 0u; i < 16u; i++) {
-            acc += ta[l.y][i] * tb[i][l.x];
-        }
+        for (var kk = 0u; kk < 16u; kk++) {{
+            var ra: array<{t}, 4>;
+            var rb: array<{t}, 4>;
+            for (var i = 0u; i < 4u; i++) {{
+                ra[i] = ta[kk][l.y + 16u * i];
+                rb[i] = tb[kk][l.x + 16u * i];
+            }}
+            for (var i = 0u; i < 4u; i++) {{
+                for (var j = 0u; j < 4u; j++) {{
+                    acc[4u * i + j] += ra[i] * rb[j];
+                }}
+            }}
+        }}
         workgroupBarrier();
-    }
-    if (row < m && col < n) {
-        dst[wg.z * m * n + row * n + col] = acc;
-    }
-}
+    }}
+    for (var i = 0u; i < 4u; i++) {{
+        let r = row0 + l.y + 16u * i;
+        for (var j = 0u; j < 4u; j++) {{
+            let c = col0 + l.x + 16u * j;
+            if (r < m && c < n) {{
+                dst[wg.z * m * n + r * n + c] = acc[4u * i + j];
+            }}
+        }}
+    }}
+}}
 "
-        .to_string()
+        )
     });
     let groups = (
-        n.div_ceil(16) as u32,
-        m.div_ceil(16) as u32,
+        n.div_ceil(64) as u32,
+        m.div_ceil(64) as u32,
         offsets.len() as u32,
     );
     ctx.launch(pipeline, &prm, &[a.buf, b.buf], &[&dst], groups);

@@ -24,7 +24,12 @@
 //!   groups), and its dispatch goes into the batch's one open compute pass.
 //! * **Dtypes**: F32 and I32 as themselves; U8 and Bool as one `u32` per element
 //!   (WGSL has no 8-bit storage type), so they take 4 bytes an element on the device;
-//!   I64 and F64 are refused (`UnsupportedDType`) until a kernel set needs them.
+//!   I64 and F64 as themselves where the adapter offers them in shaders (wgpu's
+//!   `SHADER_INT64`; F64 needs `SHADER_F64` and `SHADER_INT64`, whose 64-bit words
+//!   carry an F64 kernel's scalar), else a buffer of them is refused
+//!   (`UnsupportedDTypeOn`) before anything is allocated ([`Ctx::check_dtype`]).
+//!   `NDSCOPE_GPU_NO_64BIT=1` opens devices without them (to try what users of such
+//!   adapters see).
 //! * **Kernels** ([`kernels`]) take their inputs as (buffer, layout) pairs: broadcast
 //!   (stride 0), stepped, reversed and transposed views are read in place, through a
 //!   small parameter block of offsets, shape and strides. Pipelines are cached.
@@ -34,6 +39,7 @@
 pub(crate) mod inplace;
 pub(crate) mod kernels;
 pub(crate) mod random;
+pub(crate) mod reduce;
 pub(crate) mod rows;
 
 use crate::DType;
@@ -64,6 +70,23 @@ pub(crate) struct AdapterInfo {
     pub name: String,
     /// Its API: "vulkan", "metal", "dx12" or "gl".
     pub backend: &'static str,
+    /// The 64-bit shader features a device of it is opened with: `SHADER_INT64`, and
+    /// `SHADER_F64` with it, where offered (none under `NDSCOPE_GPU_NO_64BIT=1`).
+    pub wide: wgpu::Features,
+}
+
+impl AdapterInfo {
+    /// The dtypes its arrays may have.
+    pub(crate) fn dtypes(&self) -> Vec<DType> {
+        let mut v = vec![DType::F32, DType::I32, DType::U8, DType::Bool];
+        if self.wide.contains(wgpu::Features::SHADER_INT64) {
+            v.push(DType::I64);
+        }
+        if self.wide.contains(wgpu::Features::SHADER_F64) {
+            v.push(DType::F64);
+        }
+        v
+    }
 }
 
 struct Gpus {
@@ -86,7 +109,16 @@ fn gpus() -> &'static Gpus {
             .iter()
             .map(|a| {
                 let i = a.get_info();
+                let int64 = wgpu::Features::SHADER_INT64;
+                let wide = if std::env::var("NDSCOPE_GPU_NO_64BIT").as_deref() == Ok("1")
+                    || !a.features().contains(int64)
+                {
+                    wgpu::Features::empty()
+                } else {
+                    a.features() & (int64 | wgpu::Features::SHADER_F64)
+                };
                 AdapterInfo {
+                    wide,
                     name: i.name,
                     backend: match i.backend {
                         wgpu::Backend::Vulkan => "vulkan",
@@ -119,6 +151,10 @@ pub(crate) struct Ctx {
     queue: wgpu::Queue,
     /// The largest buffer a kernel may bind.
     pub(crate) max_binding: u64,
+    /// Whether kernels may use `i64` (wgpu's `SHADER_INT64`).
+    int64: bool,
+    /// Whether kernels may use `f64` (`SHADER_F64`, with `SHADER_INT64`).
+    float64: bool,
     pending: Mutex<Pending>,
     pipelines: Mutex<HashMap<String, &'static Kernel>>,
     layouts: Mutex<HashMap<(usize, usize), &'static Layouts>>,
@@ -196,16 +232,20 @@ pub(crate) fn ctx(index: usize) -> Result<&'static Ctx> {
             gpus: g.infos.len(),
         });
     };
-    cell.get_or_init(|| open(index, &g.adapters[index]))
+    cell.get_or_init(|| open(index, &g.adapters[index], g.infos[index].wide))
         .as_ref()
         .map_err(|e| NdError::invalid("new_on", format!("gpu:{index} could not be opened: {e}")))
 }
 
-fn open(index: usize, adapter: &wgpu::Adapter) -> std::result::Result<Ctx, String> {
+fn open(
+    index: usize,
+    adapter: &wgpu::Adapter,
+    wide: wgpu::Features,
+) -> std::result::Result<Ctx, String> {
     let limits = adapter.limits();
     let desc = wgpu::DeviceDescriptor {
         label: Some("ndscope"),
-        required_features: wgpu::Features::empty(),
+        required_features: wide,
         required_limits: limits.clone(),
         experimental_features: wgpu::ExperimentalFeatures::disabled(),
         memory_hints: wgpu::MemoryHints::Performance,
@@ -226,6 +266,8 @@ fn open(index: usize, adapter: &wgpu::Adapter) -> std::result::Result<Ctx, Strin
         max_binding: limits
             .max_storage_buffer_binding_size
             .min(limits.max_buffer_size),
+        int64: wide.contains(wgpu::Features::SHADER_INT64),
+        float64: wide.contains(wgpu::Features::SHADER_F64),
         pending: Mutex::default(),
         pipelines: Mutex::default(),
         layouts: Mutex::default(),
@@ -245,6 +287,26 @@ impl Ctx {
     /// The device this context serves.
     pub(crate) fn device_id(&self) -> Device {
         Device::Gpu(self.index)
+    }
+
+    /// `Ok` when this device holds arrays of `dtype`, else `UnsupportedDTypeOn` naming
+    /// `op` (every buffer of a dtype is made after this check: [`upload`] and the
+    /// kernels' output buffers).
+    pub(crate) fn check_dtype(&self, op: &'static str, dtype: DType) -> Result<()> {
+        let ok = match dtype {
+            DType::I64 => self.int64,
+            DType::F64 => self.float64,
+            _ => true,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(NdError::UnsupportedDTypeOn {
+                op,
+                dtype,
+                device: self.device_id(),
+            })
+        }
     }
 
     /// A buffer of at least `bytes` bytes (contents undefined), from the pool when one
@@ -640,17 +702,23 @@ impl Drop for GpuBuffer {
     }
 }
 
-/// Bytes per element of `dtype` on the device, or `UnsupportedDType`'s cause.
-pub(crate) fn elem_bytes(dtype: DType) -> Option<usize> {
+/// Bytes per element of `dtype` on a device (U8 and Bool take a word each).
+pub(crate) fn elem_bytes(dtype: DType) -> usize {
     match dtype {
-        DType::F32 | DType::I32 | DType::U8 | DType::Bool => Some(4),
-        DType::F64 | DType::I64 => None,
+        DType::F32 | DType::I32 | DType::U8 | DType::Bool => 4,
+        DType::F64 | DType::I64 => 8,
     }
 }
 
 /// A new device buffer holding `n` elements of `dtype` from host bytes `data`
-/// (`n * dtype.size_in_bytes()` of them).
-pub(crate) fn upload(ctx: &'static Ctx, data: &[u8], dtype: DType) -> Result<GpuBuffer> {
+/// (`n * dtype.size_in_bytes()` of them); `op` names the caller in errors.
+pub(crate) fn upload(
+    op: &'static str,
+    ctx: &'static Ctx,
+    data: &[u8],
+    dtype: DType,
+) -> Result<GpuBuffer> {
+    ctx.check_dtype(op, dtype)?;
     let words: std::borrow::Cow<'_, [u8]> = match dtype {
         DType::U8 | DType::Bool => data
             .iter()
@@ -672,7 +740,7 @@ pub(crate) fn upload(ctx: &'static Ctx, data: &[u8], dtype: DType) -> Result<Gpu
 /// dtype.size_in_bytes()`): submits the queued work and waits for it.
 pub(crate) fn download(buf: &GpuBuffer, n: usize, dtype: DType) -> Result<Vec<u8>> {
     let ctx = buf.ctx;
-    let bytes = (n * 4) as u64;
+    let bytes = (n * elem_bytes(dtype)) as u64;
     if bytes == 0 {
         return Ok(Vec::new());
     }

@@ -3,7 +3,8 @@
 //! and `cross_entropy` with its gradient.
 
 use super::GpuBuffer;
-use super::kernels::{MAX_DIMS, Reduce, View, grid, out_buffer, reduce, unsupported};
+use super::kernels::{MAX_DIMS, View, grid, out_buffer, unsupported};
+use super::reduce::{Reduce, reduce};
 use crate::DType;
 use crate::error::{NdError, Result};
 use crate::layout::Layout;
@@ -222,7 +223,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) w: vec3<u
         layout: &layout,
         dtype: DType::F32,
     };
-    let loss = reduce(op, Reduce::Mean, rows, &[0])?;
+    let (loss, _) = reduce(op, Reduce::Mean, rows, &[0])?;
     Ok((loss, soft))
 }
 
