@@ -102,3 +102,78 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w:
     ctx.launch(pipeline, &prm, &[], &[&dst], grid(n.div_ceil(4)));
     Ok(dst)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Philox4x32-10 on the host, as Random123's reference (`philox4x32_R(10, ...)`).
+    fn philox(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+        let (mut c, mut k) = (ctr, key);
+        for _ in 0..10 {
+            let p0 = u64::from(0xD251_1F53u32) * u64::from(c[0]);
+            let p1 = u64::from(0xCD9E_8D57u32) * u64::from(c[2]);
+            c = [
+                (p1 >> 32) as u32 ^ c[1] ^ k[0],
+                p1 as u32,
+                (p0 >> 32) as u32 ^ c[3] ^ k[1],
+                p0 as u32,
+            ];
+            k = [
+                k[0].wrapping_add(0x9E37_79B9),
+                k[1].wrapping_add(0xBB67_AE85),
+            ];
+        }
+        c
+    }
+
+    /// The host reference gives Random123's known answers (its `kat_vectors`).
+    #[test]
+    fn host_philox_gives_the_known_answers() {
+        assert_eq!(
+            philox([0; 4], [0; 2]),
+            [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+        );
+        assert_eq!(
+            philox([u32::MAX; 4], [u32::MAX; 2]),
+            [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]
+        );
+        assert_eq!(
+            philox(
+                [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
+                [0xa409_3822, 0x299f_31d0]
+            ),
+            [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
+        );
+    }
+
+    /// The device's uniforms are the reference's words, top 24 bits over 2^24, for
+    /// every thread's counter (`(t, 0, 0, 0)`) and a key with both words set.
+    #[test]
+    fn device_philox_matches_the_reference() {
+        let Some(ctx) = (0..super::super::adapters().len()).find_map(|i| super::super::ctx(i).ok())
+        else {
+            assert!(
+                std::env::var("NDSCOPE_REQUIRE_GPU").as_deref() != Ok("1"),
+                "NDSCOPE_REQUIRE_GPU=1 but no GPU adapter was found"
+            );
+            eprintln!("no GPU adapter: skipped");
+            return;
+        };
+        for key in [0u64, 0x0123_4567_89ab_cdef] {
+            let n = 4 * 300 + 3; // more than a workgroup of threads; a partial last one
+            let buf = random(ctx, n, Dist::Uniform(0.0, 1.0), key).unwrap();
+            let bytes = super::super::download(&buf, n, DType::F32).unwrap();
+            let got: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                .collect();
+            for (i, &g) in got.iter().enumerate() {
+                let t = (i / 4) as u32;
+                let r = philox([t, 0, 0, 0], [key as u32, (key >> 32) as u32])[i % 4];
+                let want = (r >> 8) as f32 / (1u32 << 24) as f32;
+                assert_eq!(g, want, "key {key:#x}, element {i}");
+            }
+        }
+    }
+}
