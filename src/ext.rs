@@ -104,6 +104,31 @@ impl Target<'_> {
     pub(crate) fn desc(&self) -> Box<ArrayDesc> {
         self.0.desc()
     }
+
+    /// For a target on a GPU: `t = expr` by a device kernel, where `rule()` gives
+    /// `expr` and the scalars' values; `expr` is WGSL over
+    /// `t`, the inputs as `x` and `y` (at most two, on the target's device, which the
+    /// engine checked) and the scalars (in the target's dtype) as `s`, `s1`, `s2`, ...
+    /// `None` for a target in host memory (use [`Target::view_mut`]).
+    #[cfg(feature = "gpu")]
+    pub(crate) fn update_on_device(
+        &mut self,
+        op: &'static str,
+        inputs: &[Input<'_>],
+        rule: impl FnOnce() -> (String, smallvec::SmallVec<[f64; 4]>),
+    ) -> Option<Result<()>> {
+        use crate::backend::wgpu::{inplace, kernels};
+        let t = self.0.gpu()?;
+        let (expr, scalars) = rule();
+        let views: smallvec::SmallVec<[kernels::View<'_>; 2]> =
+            inputs.iter().filter_map(|x| x.0.gpu()).collect();
+        debug_assert_eq!(views.len(), inputs.len(), "the engine keeps one device");
+        let bits: smallvec::SmallVec<[u64; 4]> = scalars
+            .iter()
+            .map(|&v| kernels::scalar_bits(v, t.dtype))
+            .collect();
+        Some(inplace::assign_n(op, t, &views, &expr, &bits))
+    }
 }
 
 /// Write `target` in place from `inputs` (same dtype and shape: checking is the
@@ -121,6 +146,23 @@ pub(crate) fn update_in_place<const N: usize>(
 ) -> Result<()> {
     let ids = inputs.map(|a| a.id);
     engine::run_inplace(target.id, &ids, |t, o| {
+        f(Target(t), std::array::from_fn(|i| Input(&o[i])))
+    })
+}
+
+/// [`update_in_place`] for an update `name` with a device kernel: `f` also sees a
+/// target (and inputs, on its device) on a GPU, and must branch on
+/// [`Target::update_on_device`] before touching host views. Inputs on another device
+/// are a `DeviceMismatch`, nothing written.
+#[inline]
+pub(crate) fn update_in_place_on<const N: usize>(
+    name: &'static str,
+    target: NDArray,
+    inputs: [NDArray; N],
+    f: impl FnOnce(Target<'_>, [Input<'_>; N]) -> Result<()>,
+) -> Result<()> {
+    let ids = inputs.map(|a| a.id);
+    engine::run_inplace_on(name, target.id, &ids, |t, o| {
         f(Target(t), std::array::from_fn(|i| Input(&o[i])))
     })
 }

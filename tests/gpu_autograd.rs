@@ -321,3 +321,115 @@ fn a_closed_device_array_says_where_it_lived() {
     cm.close();
     gm.close();
 }
+
+/// Sgd (plain, momentum with dampening, Nesterov with weight decay), Adam and AdamW
+/// step parameters on the device as on the CPU: each update is one fused kernel per
+/// array on the parameter's device (their state lives there too). A steady step
+/// allocates no device memory: the live buffers and the pool's cached bytes are the
+/// same after it as before.
+#[test]
+fn optimizers_step_on_the_device_as_on_the_cpu() {
+    use ndscope::optim::{Adam, AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    type Make = fn(&NDManager, &[NDArray]) -> Box<dyn Optimizer>;
+    let makers: [(&str, Make); 5] = [
+        ("sgd", |m, p| {
+            Box::new(Sgd::new(
+                m,
+                p,
+                SgdConfig {
+                    lr: 0.1,
+                    ..SgdConfig::default()
+                },
+            ))
+        }),
+        ("sgd momentum", |m, p| {
+            let c = SgdConfig {
+                lr: 0.05,
+                momentum: 0.9,
+                dampening: 0.1,
+                ..SgdConfig::default()
+            };
+            Box::new(Sgd::new(m, p, c))
+        }),
+        ("sgd nesterov decay", |m, p| {
+            let c = SgdConfig {
+                lr: 0.05,
+                momentum: 0.8,
+                nesterov: true,
+                weight_decay: 0.01,
+                ..SgdConfig::default()
+            };
+            Box::new(Sgd::new(m, p, c))
+        }),
+        ("adam", |m, p| {
+            let c = AdamConfig {
+                lr: 0.01,
+                weight_decay: 0.02,
+                ..AdamConfig::default()
+            };
+            Box::new(Adam::new(m, p, c))
+        }),
+        ("adamw", |m, p| {
+            Box::new(AdamW::new(m, p, AdamConfig::adamw()))
+        }),
+    ];
+    let (x, y) = (vals(32 * 5, 31), vals(32 * 2, 32));
+    let (w0, b0) = (vals(5 * 2, 33), vals(2, 34));
+    for (what, make) in makers {
+        let mut finals = Vec::new();
+        for dev in [Device::Cpu, d] {
+            let m = NDManager::new_on(dev);
+            let (xs, ys) = (m.create(&x, [32, 5]), m.create(&y, [32, 2]));
+            let (w, b) = (m.create(&w0, [5, 2]), m.create(&b0, [2]));
+            w.set_requires_gradient(true);
+            b.set_requires_gradient(true);
+            let mut opt = make(&m, &[w, b]);
+            for step in 0..4 {
+                let _scope = NDScope::new();
+                {
+                    let gc = GradientCollector::new();
+                    let err = xs.matmul(w) + b - ys;
+                    gc.backward((err * err).mean()).unwrap();
+                }
+                let before = memory_on(dev);
+                opt.try_step().unwrap();
+                if dev == d && step > 0 {
+                    let after = memory_on(dev);
+                    assert_eq!(
+                        after.live_buffers, before.live_buffers,
+                        "{what}: live buffers"
+                    );
+                    assert_eq!(
+                        after.cached_bytes, before.cached_bytes,
+                        "{what}: cached bytes"
+                    );
+                }
+            }
+            assert_eq!(w.device(), dev);
+            finals.push((w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap()));
+            m.close();
+        }
+        let m = NDManager::new();
+        let (c, g) = (&finals[0], &finals[1]);
+        close(
+            &format!("{what}: w"),
+            m.create(&g.0, [10]),
+            m.create(&c.0, [10]),
+            1e-5,
+        );
+        close(
+            &format!("{what}: b"),
+            m.create(&g.1, [2]),
+            m.create(&c.1, [2]),
+            1e-5,
+        );
+        // And the steps moved the parameters.
+        assert!(
+            c.0.iter().zip(&w0).any(|(a, b)| (a - b).abs() > 1e-3),
+            "{what}"
+        );
+        m.close();
+    }
+}

@@ -1,7 +1,11 @@
 //! [`Adam`] and [`AdamW`] (PyTorch's `torch.optim.Adam` and `torch.optim.AdamW`).
 
+#[cfg(feature = "gpu")]
+use super::kernel::Scalars;
 use super::kernel::{Update, update};
 use super::sgd::decayed;
+#[cfg(feature = "gpu")]
+use super::sgd::decayed_wgsl;
 use super::{Optimizer, State, check_finite};
 use crate::dtype::Float;
 use crate::error::{NdError, Result, unwrap};
@@ -62,6 +66,16 @@ impl Update for FirstMoment {
             g.sub(g.sub(m).mul(T::from_f64(1.0 - self.weight)))
         }
     }
+
+    #[cfg(feature = "gpu")]
+    fn wgsl(&self, s: &mut Scalars) -> String {
+        let g = decayed_wgsl("x", "y", self.wd, s);
+        if self.weight < 0.5 {
+            format!("t + {} * ({g} - t)", s.push(self.weight))
+        } else {
+            format!("{g} - ({g} - t) * {}", s.push(1.0 - self.weight))
+        }
+    }
 }
 
 /// `v = beta2 v + (1 - beta2) g²` (inputs `g`, `p`): PyTorch's
@@ -77,6 +91,13 @@ impl Update for SecondMoment {
         let g = decayed(g, p, self.wd);
         v.mul(T::from_f64(self.beta2))
             .add(T::from_f64(1.0 - self.beta2).mul(g).mul(g))
+    }
+
+    #[cfg(feature = "gpu")]
+    fn wgsl(&self, s: &mut Scalars) -> String {
+        let g = decayed_wgsl("x", "y", self.wd, s);
+        let (b, c) = (s.push(self.beta2), s.push(1.0 - self.beta2));
+        format!("t * {b} + {c} * {g} * {g}")
     }
 }
 
@@ -101,6 +122,21 @@ impl Update for AdamParam {
             .div(T::from_f64(self.bc2_sqrt))
             .add(T::from_f64(self.eps));
         p.add(T::from_f64(self.neg_step_size).mul(m).div(denom))
+    }
+
+    #[cfg(feature = "gpu")]
+    fn wgsl(&self, s: &mut Scalars) -> String {
+        let p = if self.decay != 1.0 {
+            format!("t * {}", s.push(self.decay))
+        } else {
+            "t".into()
+        };
+        let (bc, eps, step) = (
+            s.push(self.bc2_sqrt),
+            s.push(self.eps),
+            s.push(self.neg_step_size),
+        );
+        format!("{p} + {step} * x / (sqrt(y) / {bc} + {eps})")
     }
 }
 

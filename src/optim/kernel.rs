@@ -12,10 +12,34 @@ use crate::error::{NdError, Result};
 use crate::ext;
 use crate::layout::{Layout, for_each_row};
 
-/// One elementwise update rule `t = apply(t, a, b)`, instantiated per float type.
+/// One elementwise update rule `t = apply(t, a, b)`, instantiated per float type, and
+/// the same rule in WGSL for a target on a GPU.
 pub(crate) trait Update {
     /// The new value of the target element `t` given the inputs' elements `a`, `b`.
     fn apply<T: Float>(&self, t: T, a: T, b: T) -> T;
+
+    /// [`Update::apply`] as a WGSL expression over `t`, `x` (for `a`) and `y` (for
+    /// `b`), its constants named by [`Scalars::push`], in the same order of operations
+    /// (so the device rounds as the host does, up to fused multiply-adds).
+    #[cfg(feature = "gpu")]
+    fn wgsl(&self, s: &mut Scalars) -> String;
+}
+
+/// The constants of a WGSL update rule, in the order the kernel binds them.
+#[cfg(feature = "gpu")]
+#[derive(Default)]
+pub(crate) struct Scalars(pub(crate) smallvec::SmallVec<[f64; 4]>);
+
+#[cfg(feature = "gpu")]
+impl Scalars {
+    /// Bind `v` and return its name in the kernel (`s`, then `s1`, `s2`, ...).
+    pub(crate) fn push(&mut self, v: f64) -> String {
+        self.0.push(v);
+        match self.0.len() {
+            1 => "s".into(),
+            n => format!("s{}", n - 1),
+        }
+    }
 }
 
 /// `t[i] = f(t[i], a[i], b[i])` over three arrays of one shape, each read through its
@@ -69,7 +93,7 @@ pub(crate) fn update(
     rule: &impl Update,
 ) -> Result<()> {
     autograd::check_inplace(op, target.id)?;
-    ext::update_in_place(target, [a, b], |mut t, o| {
+    ext::update_in_place_on(op, target, [a, b], |mut t, o| {
         for x in o {
             if x.dtype() != t.dtype() {
                 return Err(NdError::DTypeMismatch {
@@ -87,6 +111,17 @@ pub(crate) fn update(
             }
         }
         let [a, b] = o;
+        #[cfg(feature = "gpu")]
+        if t.dtype().is_float() {
+            let on_device = t.update_on_device(op, &[a, b], || {
+                let mut s = Scalars::default();
+                let expr = rule.wgsl(&mut s);
+                (expr, s.0)
+            });
+            if let Some(r) = on_device {
+                return r;
+            }
+        }
         dispatch_float!(t.dtype(), T => {
             let (a, b) = (a.view::<T>(), b.view::<T>());
             let t = t.view_mut::<T>();

@@ -1,6 +1,8 @@
 //! [`Sgd`]: stochastic gradient descent with momentum, dampening, Nesterov momentum and
 //! weight decay (PyTorch's `torch.optim.SGD`).
 
+#[cfg(feature = "gpu")]
+use super::kernel::Scalars;
 use super::kernel::{Update, update};
 use super::{Optimizer, State, check_finite};
 use crate::dtype::Float;
@@ -84,6 +86,11 @@ impl Update for BufInit {
     fn apply<T: Float>(&self, _b: T, g: T, p: T) -> T {
         decayed(g, p, self.wd)
     }
+
+    #[cfg(feature = "gpu")]
+    fn wgsl(&self, s: &mut Scalars) -> String {
+        decayed_wgsl("x", "y", self.wd, s)
+    }
 }
 
 /// Later momentum steps: `b = momentum b + (1 - dampening) (g + wd p)`.
@@ -99,6 +106,13 @@ impl Update for Buf {
         let g = decayed(g, p, self.wd);
         b.mul(T::from_f64(self.momentum))
             .add(T::from_f64(self.one_minus_dampening).mul(g))
+    }
+
+    #[cfg(feature = "gpu")]
+    fn wgsl(&self, s: &mut Scalars) -> String {
+        let g = decayed_wgsl("x", "y", self.wd, s);
+        let (m, d) = (s.push(self.momentum), s.push(self.one_minus_dampening));
+        format!("t * {m} + {d} * {g}")
     }
 }
 
@@ -128,6 +142,27 @@ impl Update for Param {
             Kind::Nesterov => g.add(T::from_f64(self.momentum).mul(b)),
         };
         p.add(T::from_f64(-self.lr).mul(d))
+    }
+
+    #[cfg(feature = "gpu")]
+    fn wgsl(&self, s: &mut Scalars) -> String {
+        let g = decayed_wgsl("x", "t", self.wd, s);
+        let d = match self.kind {
+            Kind::Plain => g,
+            Kind::Momentum => "y".into(),
+            Kind::Nesterov => format!("({g} + {} * y)", s.push(self.momentum)),
+        };
+        format!("t + {} * {d}", s.push(-self.lr))
+    }
+}
+
+/// [`decayed`] in WGSL over the operands named `g` and `p`.
+#[cfg(feature = "gpu")]
+pub(super) fn decayed_wgsl(g: &str, p: &str, wd: f64, s: &mut Scalars) -> String {
+    if wd != 0.0 {
+        format!("({g} + {} * {p})", s.push(wd))
+    } else {
+        g.into()
     }
 }
 

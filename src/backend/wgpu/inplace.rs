@@ -37,30 +37,65 @@ pub(crate) fn assign(
     expr: &str,
     scalar: u64,
 ) -> Result<()> {
+    match x {
+        Some(x) => assign_n(op, t, &[x], expr, &[scalar]),
+        None => assign_n(op, t, &[], expr, &[scalar]),
+    }
+}
+
+/// `t = expr` for every element of `t`, where `expr` reads `t`, the inputs as `x` and
+/// `y` (each broadcast to `t`'s shape), and the scalars (bits in `t`'s type, see
+/// [`scalar_bits`]) as `s` (the first) and `s1`, `s2`, ... (the rest, whose words
+/// follow the inputs' in the parameter block). At most two inputs.
+pub(crate) fn assign_n(
+    op: &'static str,
+    t: ViewMut<'_>,
+    inputs: &[View<'_>],
+    expr: &str,
+    scalars: &[u64],
+) -> Result<()> {
+    debug_assert!(inputs.len() <= 2);
     let ctx = t.buf.ctx();
     let shape = &t.layout.shape;
-    let xs = x.as_ref().map(|x| x.layout.broadcast_strides(shape));
-    let mut views: smallvec::SmallVec<[(usize, &[isize]); 2]> =
+    let strides: smallvec::SmallVec<[_; 2]> = inputs
+        .iter()
+        .map(|x| x.layout.broadcast_strides(shape))
+        .collect();
+    let mut views: smallvec::SmallVec<[(usize, &[isize]); 3]> =
         smallvec::smallvec![(t.layout.offset, &t.layout.strides[..])];
-    if let (Some(x), Some(xs)) = (&x, &xs) {
-        views.push((x.layout.offset, &xs[..]));
+    for (x, s) in inputs.iter().zip(&strides) {
+        views.push((x.layout.offset, &s[..]));
     }
-    let prm = index_params(op, ctx, shape, &views, scalar)?;
+    let mut prm = index_params(
+        op,
+        ctx,
+        shape,
+        &views,
+        scalars.first().copied().unwrap_or(0),
+    )?;
+    // Scalar j >= 1 at words `extra + 2 (j - 1)`, low then high.
+    let extra = prm.len();
+    for &w in scalars.iter().skip(1) {
+        prm.extend([w as u32, (w >> 32) as u32]);
+    }
     let n = shape.size();
     if n == 0 {
         return Ok(());
     }
     let ty = wgsl_type(t.dtype);
-    let xty = x.as_ref().map(|x| wgsl_type(x.dtype));
-    let key = format!("inplace {expr} {ty} {xty:?}");
-    let pipeline = ctx.pipeline(&key, (usize::from(xty.is_some()), 1), || {
+    let tys: smallvec::SmallVec<[&str; 2]> = inputs.iter().map(|x| wgsl_type(x.dtype)).collect();
+    let key = format!("inplace {expr} {ty} {tys:?} {}", scalars.len());
+    let pipeline = ctx.pipeline(&key, (inputs.len(), 1), || {
         let mut src = String::from("@group(0) @binding(0) var<storage, read> prm: array<i32>;\n");
-        if let Some(xt) = xty {
-            src += &format!("@group(0) @binding(1) var<storage, read> inx: array<{xt}>;\n");
+        for (k, xt) in tys.iter().enumerate() {
+            src += &format!(
+                "@group(0) @binding({}) var<storage, read> in{k}: array<{xt}>;\n",
+                k + 1
+            );
         }
         src += &format!(
             "@group(0) @binding({}) var<storage, read_write> dst: array<{ty}>;\n",
-            1 + usize::from(xty.is_some())
+            1 + inputs.len()
         );
         src += INDEX_FN;
         src += "
@@ -71,10 +106,13 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w:
 ";
         src += &format!(
             "    let s = {};\n    let ti = at(i, 0u);\n    let t = dst[ti];\n",
-            scalar_wgsl(ty)
+            scalar_wgsl(ty, 2)
         );
-        if xty.is_some() {
-            src += "    let x = inx[at(i, 1u)];\n";
+        for j in 1..scalars.len() {
+            src += &format!("    let s{j} = {};\n", scalar_wgsl(ty, extra + 2 * (j - 1)));
+        }
+        for (k, name) in ["x", "y"].iter().enumerate().take(inputs.len()) {
+            src += &format!("    let {name} = in{k}[at(i, {}u)];\n", k + 1);
         }
         src += &format!("    dst[ti] = {expr};\n}}\n");
         src
@@ -82,10 +120,8 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w:
     let groups = n.div_ceil(256);
     let gx = groups.min(65_535);
     let grid = (gx as u32, groups.div_ceil(gx) as u32, 1);
-    match &x {
-        Some(x) => ctx.launch(pipeline, &prm, &[x.buf], &[t.buf], grid),
-        None => ctx.launch(pipeline, &prm, &[], &[t.buf], grid),
-    }
+    let reads: smallvec::SmallVec<[&GpuBuffer; 2]> = inputs.iter().map(|x| x.buf).collect();
+    ctx.launch(pipeline, &prm, &reads, &[t.buf], grid);
     Ok(())
 }
 

@@ -45,14 +45,15 @@ pub(crate) fn wgsl_type(d: DType) -> &'static str {
     }
 }
 
-/// The WGSL that reads a kernel's scalar, of type `t`, from parameter words 2 (low)
-/// and 3 (high; 64-bit types only). See [`scalar_bits`].
-pub(crate) fn scalar_wgsl(t: &str) -> String {
+/// The WGSL that reads a kernel's scalar, of type `t`, from parameter words `w` (low)
+/// and `w + 1` (high; 64-bit types only). See [`scalar_bits`].
+pub(crate) fn scalar_wgsl(t: &str, w: usize) -> String {
     match t {
-        "f64" | "i64" => {
-            format!("bitcast<{t}>(u64(u32(prm[2])) | (u64(u32(prm[3])) << 32u))")
-        }
-        _ => format!("bitcast<{t}>(prm[2])"),
+        "f64" | "i64" => format!(
+            "bitcast<{t}>(u64(u32(prm[{w}])) | (u64(u32(prm[{}])) << 32u))",
+            w + 1
+        ),
+        _ => format!("bitcast<{t}>(prm[{w}])"),
     }
 }
 
@@ -195,7 +196,7 @@ fn elementwise(
         src += INDEX_FN;
         src += "@compute @workgroup_size(256)\nfn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w: vec3<u32>) {\n";
         src += "    let i = g.x + g.y * w.x * 256u;\n    if (i >= u32(prm[0])) { return; }\n";
-        src += &format!("    let s = {};\n", scalar_wgsl(ts[0]));
+        src += &format!("    let s = {};\n", scalar_wgsl(ts[0], 2));
         for (k, name) in names.iter().enumerate().take(inputs.len()) {
             src += &format!("    let {name} = in{k}[at(i, {k}u)];\n");
         }
