@@ -471,7 +471,7 @@ fn where_and_softmax_match_the_cpu() {
 }
 
 /// `cross_entropy` against the CPU: rows wider than a workgroup, a transposed view of
-/// the logits, I32 and U8 labels. A label out of range is not read back to the host
+/// the logits, I32, I64 and U8 labels. A label out of range is not read back to the host
 /// on a GPU: the loss is NaN.
 #[test]
 fn cross_entropy_matches_the_cpu() {
@@ -492,13 +492,44 @@ fn cross_entropy_matches_the_cpu() {
     same("transposed, u8 labels", d, &[&t, &l8], 1e-5, |x| {
         x[0].cross_entropy(x[1])
     });
+    if holds(d, DType::I64) {
+        let l64 = m.create(
+            &labels.iter().map(|&v| i64::from(v)).collect::<Vec<_>>(),
+            [6],
+        );
+        same("wide, i64 labels", d, &[&wide, &l64], 1e-5, |x| {
+            x[0].cross_entropy(x[1])
+        });
+        // The gradient reads the labels too. (A collector zeroes every gradient when
+        // it opens: each is read before the next opens.)
+        let gm = NDManager::new_on(d);
+        let wv = vals(6 * 300, 21);
+        let (w, c) = (gm.create(&wv, [6, 300]), m.create(&wv, [6, 300]));
+        let grads: Vec<Vec<f32>> = [(w, l64.to_device(d)), (c, l64)]
+            .into_iter()
+            .map(|(a, l)| {
+                a.set_requires_gradient(true);
+                let gc = ndscope::GradientCollector::new();
+                gc.backward(a.cross_entropy(l)).unwrap();
+                a.gradient().to_vec::<f32>().unwrap()
+            })
+            .collect();
+        close("i64 labels' gradient", &grads[0], &grads[1], 1e-5);
+        gm.close();
+    }
     let g = t.to_device(d);
+    // Out of range, also beyond 32 bits (not truncated into range).
     let bad = m.create(&[0i32, 1, 9, 2, 3, 4], [6]).to_device(d);
-    let loss = g.cross_entropy(bad).to_scalar::<f32>().unwrap();
-    assert!(
-        loss.is_nan(),
-        "a label out of range gives NaN on the device, got {loss}"
-    );
+    let bad64 = m
+        .create(&[0i64, 1, (1 << 32) + 2, 2, 3, 4], [6])
+        .to_device(d);
+    for bad in [bad, bad64] {
+        let loss = g.cross_entropy(bad).to_scalar::<f32>().unwrap();
+        assert!(
+            loss.is_nan(),
+            "a label out of range gives NaN on the device, got {loss}"
+        );
+    }
     let fl = m.zeros([6], DType::F32).to_device(d);
     assert!(matches!(
         g.try_cross_entropy(fl),

@@ -223,7 +223,7 @@ impl NDArray {
         /// `cross_entropy` with its defaults (mean reduction; an empty batch gives NaN). A
         /// fused, numerically stable log-softmax and negative log-likelihood: finite for
         /// logits of any magnitude. Differentiable in the logits (`(softmax - one_hot) / N`).
-        /// No `ignore_index`: every label must be in `0..C`. On a GPU (F32 logits, I32 or U8
+        /// No `ignore_index`: every label must be in `0..C`. On a GPU (F32 logits, I32, I64 or U8
         /// labels) the labels are not read back to check them, which would wait for the
         /// device: a label out of range makes the loss NaN there. Panics on failure.
         ///

@@ -3,7 +3,7 @@
 //! and `cross_entropy` with its gradient.
 
 use super::GpuBuffer;
-use super::kernels::{MAX_DIMS, View, grid, out_buffer, unsupported};
+use super::kernels::{MAX_DIMS, View, grid, out_buffer, unsupported, wgsl_type};
 use super::reduce::{Reduce, reduce};
 use crate::DType;
 use crate::error::{NdError, Result};
@@ -143,7 +143,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) w: vec3<u
     Ok(dst)
 }
 
-/// Cross-entropy of F32 logits `x` `[n, c]` against integer `labels` `[n]` (I32 or U8):
+/// Cross-entropy of F32 logits `x` `[n, c]` against integer `labels` `[n]` (I32, I64 or U8):
 /// the mean over rows of `-log_softmax(x)[label]`, as a 0-d buffer, and the softmax
 /// `[n, c]` (contiguous) that the gradient needs. One workgroup per row, as
 /// [`softmax`]. Labels stay on the device, so they are not checked on the host: a
@@ -155,7 +155,7 @@ pub(crate) fn cross_entropy(
     (n, c): (usize, usize),
 ) -> Result<(GpuBuffer, GpuBuffer)> {
     let ctx = x.buf.ctx();
-    if x.dtype != DType::F32 || !matches!(labels.dtype, DType::I32 | DType::U8) {
+    if x.dtype != DType::F32 || !matches!(labels.dtype, DType::I32 | DType::I64 | DType::U8) {
         return Err(unsupported(op, ctx));
     }
     let soft = out_buffer(ctx, n * c, DType::F32, op)?;
@@ -172,11 +172,13 @@ pub(crate) fn cross_entropy(
             labels.layout.strides[0] as i32 as u32,
             0,
         ];
-        let pipeline = ctx.pipeline("cross_entropy", (2, 2), || {
-            String::from(
+        let lt = wgsl_type(labels.dtype);
+        let pipeline = ctx.pipeline(&format!("cross_entropy {lt}"), (2, 2), || {
+            format!("alias LT = {lt};\n")
+                + &String::from(
                 "@group(0) @binding(0) var<storage, read> prm: array<i32>;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
-@group(0) @binding(2) var<storage, read> lab: array<i32>;
+@group(0) @binding(2) var<storage, read> lab: array<LT>;
 @group(0) @binding(3) var<storage, read_write> soft: array<f32>;
 @group(0) @binding(4) var<storage, read_write> loss: array<f32>;
 var<workgroup> part: array<f32, 256>;
@@ -197,9 +199,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) w: vec3<u
             soft[o * len + r] = exp(src[ib + i32(r) * prm[4]] - mx) / tot;
         }
         if (l == 0u) {
-            let y = lab[prm[5] + i32(o) * prm[6]];
-            if (y >= 0 && u32(y) < len) {
-                loss[o] = log(tot) + mx - src[ib + y * prm[4]];
+            let yl = lab[prm[5] + i32(o) * prm[6]];
+            if (yl >= LT(0) && yl < LT(len)) {
+                loss[o] = log(tot) + mx - src[ib + i32(yl) * prm[4]];
             } else {
                 loss[o] = bitcast<f32>(0x7fc00000u);
             }
@@ -237,7 +239,7 @@ pub(crate) fn cross_entropy_grad(
     (n, c): (usize, usize),
 ) -> Result<GpuBuffer> {
     let ctx = p.buf.ctx();
-    if p.dtype != DType::F32 || !matches!(labels.dtype, DType::I32 | DType::U8) {
+    if p.dtype != DType::F32 || !matches!(labels.dtype, DType::I32 | DType::I64 | DType::U8) {
         return Err(unsupported(op, ctx));
     }
     let dst = out_buffer(ctx, n * c, DType::F32, op)?;
@@ -255,10 +257,12 @@ pub(crate) fn cross_entropy_grad(
         (1.0 / n as f32).to_bits(),
         0,
     ];
-    let pipeline = ctx.pipeline("cross_entropy_grad", (3, 1), || {
-        "@group(0) @binding(0) var<storage, read> prm: array<i32>;
+    let lt = wgsl_type(labels.dtype);
+    let pipeline = ctx.pipeline(&format!("cross_entropy_grad {lt}"), (3, 1), || {
+        format!("alias LT = {lt};\n")
+            + "@group(0) @binding(0) var<storage, read> prm: array<i32>;
 @group(0) @binding(1) var<storage, read> p: array<f32>;
-@group(0) @binding(2) var<storage, read> lab: array<i32>;
+@group(0) @binding(2) var<storage, read> lab: array<LT>;
 @group(0) @binding(3) var<storage, read> g: array<f32>;
 @group(0) @binding(4) var<storage, read_write> dst: array<f32>;
 @compute @workgroup_size(256)
@@ -268,11 +272,10 @@ fn main(@builtin(global_invocation_id) gi: vec3<u32>, @builtin(num_workgroups) w
     let c = u32(prm[1]);
     let row = i / c;
     let y = lab[prm[3] + i32(row) * prm[4]];
-    let hot = select(0.0, 1.0, y >= 0 && u32(y) == i % c);
+    let hot = select(0.0, 1.0, y >= LT(0) && y == LT(i % c));
     dst[i] = (p[prm[2] + i32(i)] - hot) * g[prm[5]] * bitcast<f32>(prm[6]);
 }
 "
-        .to_string()
     });
     ctx.launch(
         pipeline,
