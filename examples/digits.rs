@@ -5,8 +5,13 @@
 //!
 //! ```text
 //! cargo run --release --example digits -- [--model mlp|cnn] [--epochs N] [--seed S]
-//!     [--json] [--plot FILE.png] [--save FILE] [--load FILE] [--quick]
+//!     [--json] [--plot FILE.png] [--save FILE] [--load FILE] [--quick] [--device cpu|gpu]
 //! ```
+//!
+//! `--device gpu` (built with `--features gpu`) trains on the first GPU: the model and
+//! the optimizer's state live there, each batch goes up in its step's scope. The MLP
+//! runs there today; the CNN's conv2d and pooling have no GPU kernels yet (issue 26),
+//! and the checkpoint round trip runs on the CPU only.
 //!
 //! `bench/digits_torch.py` is the same program in PyTorch (same models, optimizer,
 //! batches and split) and `bench/digits_numpy.py` the MLP in numpy; BENCHMARKS.md
@@ -16,7 +21,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use ndscope::data::{Batches, TestSize, load_digits, train_test_split};
 use ndscope::nn::{self, Conv2d, Flatten, Linear, MaxPool2d, Module, Relu, Sequential};
 use ndscope::optim::{Adam, AdamConfig, Optimizer};
-use ndscope::{GradientCollector, NDArray, NDManager, NDScope};
+use ndscope::{Device, GradientCollector, NDArray, NDManager, NDScope};
 use std::time::Instant;
 
 const TEST: usize = 360;
@@ -34,12 +39,13 @@ struct Args {
     plot: Option<String>,
     save: Option<String>,
     load: Option<String>,
+    device: Device,
 }
 
 fn usage() -> ! {
     println!(
         "usage: digits [--model mlp|cnn] [--epochs N] [--seed S] [--json] [--plot FILE.png] \
-         [--save FILE] [--load FILE] [--quick]"
+         [--save FILE] [--load FILE] [--quick] [--device cpu|gpu]"
     );
     std::process::exit(0)
 }
@@ -54,6 +60,7 @@ fn parse_args() -> Args {
         plot: None,
         save: None,
         load: None,
+        device: Device::Cpu,
     };
     let mut epochs_set = false;
     let mut it = std::env::args().skip(1);
@@ -71,6 +78,23 @@ fn parse_args() -> Args {
             "--plot" => a.plot = Some(value("FILE.png")),
             "--save" => a.save = Some(value("FILE")),
             "--load" => a.load = Some(value("FILE")),
+            "--device" => {
+                a.device = match value("cpu or gpu").as_str() {
+                    "cpu" => Device::Cpu,
+                    "gpu" => ndscope::devices()
+                        .into_iter()
+                        .map(|d| d.device)
+                        .find(|&d| d != Device::Cpu)
+                        .unwrap_or_else(|| {
+                            eprintln!(
+                                "--device gpu: no GPU adapter (build with --features gpu; \
+                                 Mesa's mesa-vulkan-drivers stands in for one)"
+                            );
+                            std::process::exit(1)
+                        }),
+                    other => panic!("--device is cpu or gpu, got {other}"),
+                }
+            }
             "-h" | "--help" => usage(),
             other => panic!("unknown argument {other} (--help lists them)"),
         }
@@ -149,6 +173,7 @@ struct Epoch {
 
 struct Report {
     model: String,
+    device: Device,
     epochs: Vec<Epoch>,
     steps: usize,
     train_seconds: f64,
@@ -166,11 +191,12 @@ impl Report {
         let list =
             |f: &dyn Fn(&Epoch) -> String| self.epochs.iter().map(f).collect::<Vec<_>>().join(",");
         format!(
-            "{{\"impl\":\"ndscope\",\"model\":\"{}\",\"epochs\":{},\"steps\":{},\"us_per_step\":{:.3},\
+            "{{\"impl\":\"ndscope\",\"model\":\"{}\",\"device\":\"{}\",\"epochs\":{},\"steps\":{},\"us_per_step\":{:.3},\
              \"test_accuracy\":{:.4},\"live_bytes_per_epoch\":[{}],\"train_seconds\":{:.4},\
              \"loss_per_epoch\":[{}],\"test_accuracy_per_epoch\":[{}],\"model_bytes\":{},\
              \"optimizer_bytes\":{},\"peak_rss_mb\":{:.2}{}}}",
             self.model,
+            self.device,
             self.epochs.len(),
             self.steps,
             self.us_per_step(),
@@ -228,8 +254,18 @@ fn adam_config() -> AdamConfig {
 fn train(args: &Args, train: &[NDArray], test: &[NDArray]) -> Report {
     let kind = args.model.as_str();
     ndscope::random::seed(args.seed);
-    let m = NDManager::new();
+    let dev = args.device;
+    let m = NDManager::new_on(dev);
     m.set_name("digits");
+    // On a GPU the test set goes up once; each training batch in its step.
+    let up = |a: NDArray| {
+        if dev == Device::Cpu {
+            a
+        } else {
+            a.to_device(dev)
+        }
+    };
+    let test_x = up(test[0]);
     let mut model = build(&m, kind);
     let mut opt = Adam::new(&m, &model.parameters(), adam_config());
     let batches = Batches::new(train, BATCH).shuffle(args.seed);
@@ -260,7 +296,7 @@ fn train(args: &Args, train: &[NDArray], test: &[NDArray]) -> Report {
         while n < steps_per_epoch {
             let _step = NDScope::new(); // frees the step's arrays, the batch included
             let Some(batch) = it.next() else { break };
-            let (xb, yb) = (inputs(batch[0], kind), batch[1]);
+            let (xb, yb) = (up(inputs(batch[0], kind)), up(batch[1]));
             let gc = GradientCollector::new();
             let loss = model.forward(xb).cross_entropy(yb);
             gc.backward(loss).expect("backward");
@@ -272,7 +308,7 @@ fn train(args: &Args, train: &[NDArray], test: &[NDArray]) -> Report {
         }
         train_seconds += t0.elapsed().as_secs_f64();
         steps += n;
-        let acc = accuracy(&predict(&mut model, test[0]), &labels);
+        let acc = accuracy(&predict(&mut model, test_x), &labels);
         let e = Epoch {
             loss: loss_sum / n.max(1) as f64,
             accuracy: acc,
@@ -289,7 +325,7 @@ fn train(args: &Args, train: &[NDArray], test: &[NDArray]) -> Report {
         epochs.push(e);
     }
     bar.finish_and_clear();
-    let pred = predict(&mut model, test[0]);
+    let pred = predict(&mut model, test_x);
     let acc = accuracy(&pred, &labels);
 
     // A checkpoint: --save FILE, or a temporary file in --quick mode (so CI runs the
@@ -297,6 +333,14 @@ fn train(args: &Args, train: &[NDArray], test: &[NDArray]) -> Report {
     let temp =
         std::env::temp_dir().join(format!("ndscope-digits-{}.safetensors", std::process::id()));
     let path = match (&args.save, args.quick) {
+        _ if dev != Device::Cpu => {
+            if args.save.is_some() {
+                eprintln!(
+                    "--save is skipped with --device gpu: checkpoints load on the CPU only for now"
+                );
+            }
+            None
+        }
         (Some(p), _) => Some(std::path::PathBuf::from(p)),
         (None, true) => Some(temp),
         (None, false) => None,
@@ -316,6 +360,7 @@ fn train(args: &Args, train: &[NDArray], test: &[NDArray]) -> Report {
     });
     let report = Report {
         model: args.model.clone(),
+        device: dev,
         epochs,
         steps,
         train_seconds,
@@ -432,8 +477,9 @@ fn main() {
         println!("{}", r.json());
     } else {
         println!(
-            "digits {} (ndscope): {} epochs, {} steps of {BATCH}, Adam lr {LR}",
+            "digits {} (ndscope, {}): {} epochs, {} steps of {BATCH}, Adam lr {LR}",
             r.model,
+            r.device,
             r.epochs.len(),
             r.steps
         );
