@@ -50,7 +50,7 @@ fn vals(n: usize, seed: u64) -> Vec<f32> {
 fn close(what: &str, got: &[f32], want: &[f32], rel: f32) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= rel * (1.0 + w.abs());
+        let ok = g == w || (g.is_nan() && w.is_nan()) || (g - w).abs() <= rel * (1.0 + w.abs());
         assert!(ok, "{what}[{i}]: gpu {g}, cpu {w}");
     }
 }
@@ -74,7 +74,8 @@ fn same(what: &str, d: Device, inputs: &[&NDArray], rel: f32, f: impl Fn(&[NDArr
             let (g, w) = (got.to_vec::<f64>().unwrap(), want.to_vec::<f64>().unwrap());
             assert_eq!(g.len(), w.len(), "{what}: length");
             for (i, (g, w)) in g.iter().zip(&w).enumerate() {
-                let ok = (g.is_nan() && w.is_nan())
+                let ok = g == w
+                    || (g.is_nan() && w.is_nan())
                     || (g - w).abs() <= f64::from(rel) * 1e-6 * (1.0 + w.abs());
                 assert!(ok, "{what}[{i}]: gpu {g}, cpu {w}");
             }
@@ -784,5 +785,96 @@ fn without_64bit_shaders_i64_and_f64_are_refused() {
     }
     assert_eq!(memory_on(d).live_bytes, before);
     g.close();
+    m.close();
+}
+
+/// The more elementwise math (`erf` to `sign`) on the device against the CPU: every op
+/// forward on F32 (with infinities, zeros and NaN among the inputs), its gradient
+/// through a collector, the F64 subset, and the integer forms.
+#[test]
+fn more_unary_math_and_gradients_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new();
+    let mut v = vals(300, 41);
+    v.extend([0.0, -0.0, 2.5, -2.5, 0.5, 1e-6, -1e-6, 30.0, -30.0]);
+    let x = m.create(&v, [v.len()]);
+    let special = m.create(
+        &[f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.0, -0.0],
+        [5],
+    );
+    let pos = (x.abs() + 0.25).get("::3"); // a stepped view, > 0
+    type Un = fn(NDArray) -> NDArray;
+    let ops: [(&str, Un, bool); 13] = [
+        ("erf", |a| a.erf(), true),
+        ("gelu", |a| a.gelu(), true),
+        ("silu", |a| a.silu(), true),
+        ("softplus", |a| a.softplus(), true),
+        ("leaky_relu", |a| a.leaky_relu(0.1), true),
+        ("reciprocal", |a| a.reciprocal(), false),
+        ("rsqrt", |a| a.rsqrt(), false),
+        ("log1p", |a| a.log1p(), false),
+        ("expm1", |a| a.expm1(), true),
+        ("floor", |a| a.floor(), true),
+        ("ceil", |a| a.ceil(), true),
+        ("round", |a| a.round(), true),
+        ("sign", |a| a.sign(), true),
+    ];
+    for (what, f, anywhere) in ops {
+        let input = if anywhere { x } else { pos };
+        same(what, d, &[&input], 1e-5, |a| f(a[0]));
+        if anywhere {
+            same(
+                &format!("{what} of inf, nan, zeros"),
+                d,
+                &[&special],
+                1e-5,
+                |a| f(a[0]),
+            );
+        }
+        if !matches!(what, "floor" | "ceil" | "round" | "sign") {
+            // The gradient, on a leaf of each device (a collector zeroes gradients
+            // when it opens: each is read before the next opens).
+            let gm = NDManager::new_on(d);
+            let vals_in = input.to_vec::<f32>().unwrap();
+            let n = vals_in.len();
+            let grads: Vec<Vec<f32>> = [gm.create(&vals_in, [n]), m.create(&vals_in, [n])]
+                .into_iter()
+                .map(|a| {
+                    a.set_requires_gradient(true);
+                    let gc = ndscope::GradientCollector::new();
+                    gc.backward((f(a) * 1.5).sum()).unwrap();
+                    a.gradient().to_vec::<f32>().unwrap()
+                })
+                .collect();
+            close(&format!("{what}'"), &grads[0], &grads[1], 1e-5);
+            gm.close();
+        }
+    }
+    if holds(d, DType::F64) {
+        let x64 = x.to_dtype(DType::F64) * 1.000000001;
+        let f64_ops: [(&str, Un); 6] = [
+            ("f64 leaky_relu", |a| a.leaky_relu(0.25)),
+            ("f64 reciprocal", |a| a.reciprocal()),
+            ("f64 floor ceil", |a| a.floor() + a.ceil()),
+            ("f64 round", |a| a.round()),
+            ("f64 sign", |a| a.sign()),
+            ("f64 rsqrt", |a| a.abs().rsqrt()),
+        ];
+        for (what, f) in f64_ops {
+            same(what, d, &[&x64], 0.0, |a| f(a[0]));
+        }
+        let e = x64.to_device(d).try_erf().unwrap_err();
+        assert!(matches!(e, NdError::Unsupported { op: "erf", .. }), "{e}");
+    }
+    let i = m.create(&[-3i32, 0, 7, i32::MIN], [4]);
+    let u = m.create(&[0u8, 3, 255], [3]);
+    for a in [&i, &u] {
+        same("int sign", d, &[a], 0.0, |a| a[0].sign());
+        same("int round", d, &[a], 0.0, |a| a[0].round());
+    }
+    // What the CPU refuses, the device refuses alike.
+    let e = i.to_device(d).try_erf().unwrap_err();
+    assert!(matches!(e, NdError::UnsupportedDType { .. }), "{e}");
     m.close();
 }

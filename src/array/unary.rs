@@ -14,70 +14,9 @@ use crate::backend::cpu;
 use crate::dtype::{Native, dispatch, dispatch_float};
 use crate::engine::{self, Output};
 use crate::error::{NdError, Result, SourceLocation, twins};
+use crate::opkind::Fn1;
 use smallvec::smallvec;
 use std::panic::Location;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fn1 {
-    Erf,
-    Gelu,
-    Silu,
-    Softplus,
-    LeakyRelu,
-    Reciprocal,
-    Rsqrt,
-    Log1p,
-    Expm1,
-    Floor,
-    Ceil,
-    Round,
-    Sign,
-}
-
-impl Fn1 {
-    fn name(self) -> &'static str {
-        match self {
-            Fn1::Erf => "erf",
-            Fn1::Gelu => "gelu",
-            Fn1::Silu => "silu",
-            Fn1::Softplus => "softplus",
-            Fn1::LeakyRelu => "leaky_relu",
-            Fn1::Reciprocal => "reciprocal",
-            Fn1::Rsqrt => "rsqrt",
-            Fn1::Log1p => "log1p",
-            Fn1::Expm1 => "expm1",
-            Fn1::Floor => "floor",
-            Fn1::Ceil => "ceil",
-            Fn1::Round => "round",
-            Fn1::Sign => "sign",
-        }
-    }
-
-    fn backward_name(self) -> &'static str {
-        match self {
-            Fn1::Erf => "erf_backward",
-            Fn1::Gelu => "gelu_backward",
-            Fn1::Silu => "silu_backward",
-            Fn1::Softplus => "softplus_backward",
-            Fn1::LeakyRelu => "leaky_relu_backward",
-            Fn1::Reciprocal => "reciprocal_backward",
-            Fn1::Rsqrt => "rsqrt_backward",
-            Fn1::Log1p => "log1p_backward",
-            Fn1::Expm1 => "expm1_backward",
-            Fn1::Floor | Fn1::Ceil | Fn1::Round | Fn1::Sign => "nondifferentiable",
-        }
-    }
-
-    /// Piecewise constant: not recorded (documented as non-differentiable).
-    fn differentiable(self) -> bool {
-        !matches!(self, Fn1::Floor | Fn1::Ceil | Fn1::Round | Fn1::Sign)
-    }
-
-    /// Also defined on integer dtypes (floor, ceil, round: identity; sign).
-    fn on_integers(self) -> bool {
-        !self.differentiable()
-    }
-}
 
 /// The scalar math of [`Fn1`] on one float type.
 trait Math: Native {
@@ -213,8 +152,18 @@ fn int_sign<T: Native>(x: T) -> T {
 
 fn unary_fn(x: NDArray, op: Fn1, alpha: f64, at: SourceLocation) -> Result<NDArray> {
     let name = op.name();
-    let id = engine::run_op(name, &[x.id], at, |o| {
+    let id = engine::run_op_on(name, &[x.id], at, |o| {
         let a = &o[0];
+        let ok = a.dtype.is_float()
+            || (matches!(a.dtype, DType::I32 | DType::I64 | DType::U8) && op.on_integers());
+        if !ok {
+            return Err(engine::unsupported(name, a));
+        }
+        #[cfg(feature = "gpu")]
+        if let Some(g) = a.gpu() {
+            let buf = crate::backend::wgpu::math::forward(op, g, alpha)?;
+            return Ok(Output::device(buf, a.shape().clone(), a.dtype));
+        }
         let buf = match a.dtype {
             DType::F32 | DType::F64 => dispatch_float!(a.dtype, T => {
                 let alpha = T::from_f64(alpha);
@@ -257,9 +206,14 @@ impl Backward for UnaryFnRule {
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
         let (op, alpha, x) = (self.op, self.alpha, cx.input(0));
         let name = op.backward_name();
-        let id = engine::run_op(name, &[x.id, g.id], Location::caller(), |o| {
+        let id = engine::run_op_on(name, &[x.id, g.id], Location::caller(), |o| {
             let (a, b) = (&o[0], &o[1]);
             let shape = broadcast_shape(name, a, b)?;
+            #[cfg(feature = "gpu")]
+            if let (Some(ga), Some(gb)) = (a.gpu(), b.gpu()) {
+                let buf = crate::backend::wgpu::math::backward(op, ga, gb, &shape, alpha)?;
+                return Ok(Output::device(buf, shape, a.dtype));
+            }
             let buf = dispatch_float!(a.dtype, T => {
                 let alpha = T::from_f64(alpha);
                 per_fn!(op, O => cpu::map_binary::<T, T>(a, b, &shape,

@@ -161,6 +161,20 @@ fn elementwise(
     expr: &str,
     scalar: u64,
 ) -> Result<GpuBuffer> {
+    elementwise_with(op, inputs, shape, out, "", expr, scalar)
+}
+
+/// [`elementwise`] with WGSL functions `funcs` that `expr` may call (the same names
+/// must always mean the same functions: the pipeline is cached by `expr`).
+pub(crate) fn elementwise_with(
+    op: &'static str,
+    inputs: &[View<'_>],
+    shape: &Shape,
+    out: DType,
+    funcs: &str,
+    expr: &str,
+    scalar: u64,
+) -> Result<GpuBuffer> {
     let ctx = inputs[0].buf.ctx();
     let strides: SmallVec<[_; 3]> = inputs
         .iter()
@@ -194,6 +208,7 @@ fn elementwise(
             wgsl_type(out)
         );
         src += INDEX_FN;
+        src += funcs;
         src += "@compute @workgroup_size(256)\nfn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w: vec3<u32>) {\n";
         src += "    let i = g.x + g.y * w.x * 256u;\n    if (i >= u32(prm[0])) { return; }\n";
         src += &format!("    let s = {};\n", scalar_wgsl(ts[0], 2));

@@ -38,6 +38,7 @@
 
 pub(crate) mod inplace;
 pub(crate) mod kernels;
+pub(crate) mod math;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod rows;
