@@ -46,7 +46,9 @@
 //! (3 x 64 MiB moved) and `gpu_sum16M_GBps` (64 MiB read) and `gpu_matmul2048_GFLOPs`
 //! (F32) time the op plus `synchronize`; `gpu_linreg_step_us` is one step of the
 //! README's loop with autograd, data and parameters on the device (an epoch of 100
-//! steps, then `synchronize`). Without a GPU they are `null`.
+//! steps, then `synchronize`); `gpu_digits_mlp_us_per_step` a training step of the
+//! digits MLP (64-128-10, ReLU, cross-entropy, Adam) on a batch of 32 on the device
+//! (50 steps, then `synchronize`). Without a GPU they are `null`.
 
 use ndscope::{DType, GradientCollector, NDArray, NDManager, NDScope};
 use std::future::Future;
@@ -767,6 +769,13 @@ fn main() {
             1,
             "us",
         ),
+        (
+            "gpu_digits_mlp_us_per_step",
+            "gpu: digits MLP step (Adam)",
+            gpu[6],
+            1,
+            "us",
+        ),
         ("peak_rss_mb", "peak RSS", Some(rss), 1, "MiB"),
     ];
     if json {
@@ -844,6 +853,7 @@ fn gpu_keys(quick: bool, r: usize) -> [Option<f64>; GPU_KEYS] {
         synchronize(d).expect("the device");
     }) / 1e3
         / steps as f64;
+    let mlp = gpu_mlp_step_us(&m, d, quick, r);
     m.close();
     let bytes = (n * 4) as f64;
     [
@@ -853,7 +863,41 @@ fn gpu_keys(quick: bool, r: usize) -> [Option<f64>; GPU_KEYS] {
         Some(bytes / sum),
         Some(2.0 * (k * k * k) as f64 / mm),
         Some(linreg),
+        Some(mlp),
     ]
+}
+
+/// Microseconds per training step of the digits MLP on device `d` (batches of 32
+/// drawn on the device, I64 labels), Adam's state there too.
+#[cfg(feature = "gpu")]
+fn gpu_mlp_step_us(m: &NDManager, d: ndscope::Device, quick: bool, r: usize) -> f64 {
+    use ndscope::nn::{Linear, Module, Relu, Sequential};
+    use ndscope::optim::{Adam, AdamConfig, Optimizer};
+    let model = Sequential::new(m)
+        .add_with(|mm| Linear::new(mm, 64, 128))
+        .add(Relu::new())
+        .add_with(|mm| Linear::new(mm, 128, 10));
+    let mut opt = Adam::new(m, &model.parameters(), AdamConfig::default());
+    let x = m.random_uniform(0.0, 16.0, [32, 64], DType::F32);
+    let labels: Vec<i64> = (0..32).map(|i| i % 10).collect();
+    let y = m.create(&labels, [32]);
+    let steps = if quick { 2 } else { 50 };
+    let mut step = || {
+        let _s = NDScope::new();
+        let gc = GradientCollector::new();
+        gc.backward(model.forward(x).cross_entropy(y))
+            .expect("backward");
+        drop(gc);
+        opt.step();
+    };
+    step(); // warm up (pipelines, the pool, bind groups)
+    median_ns(r.min(5), 1, || {
+        for _ in 0..steps {
+            step();
+        }
+        ndscope::synchronize(d).expect("the device");
+    }) / 1e3
+        / steps as f64
 }
 
 #[cfg(not(feature = "gpu"))]
@@ -862,4 +906,4 @@ fn gpu_keys(_: bool, _: usize) -> [Option<f64>; GPU_KEYS] {
 }
 
 /// How many figures [`gpu_keys`] gives.
-const GPU_KEYS: usize = 6;
+const GPU_KEYS: usize = 7;
