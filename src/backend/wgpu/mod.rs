@@ -79,14 +79,27 @@ pub(crate) struct AdapterInfo {
 impl AdapterInfo {
     /// The dtypes its arrays may have.
     pub(crate) fn dtypes(&self) -> Vec<DType> {
-        let mut v = vec![DType::F32, DType::I32, DType::U8, DType::Bool];
-        if self.wide.contains(wgpu::Features::SHADER_INT64) {
-            v.push(DType::I64);
-        }
-        if self.wide.contains(wgpu::Features::SHADER_F64) {
-            v.push(DType::F64);
-        }
-        v
+        [
+            DType::F32,
+            DType::I32,
+            DType::U8,
+            DType::Bool,
+            DType::I64,
+            DType::F64,
+        ]
+        .into_iter()
+        .filter(|&d| holds(self.wide, d))
+        .collect()
+    }
+}
+
+/// Whether a device opened with the 64-bit shader features `wide` holds `dtype`
+/// arrays: I64 needs `SHADER_INT64`, F64 `SHADER_F64` (granted only with it).
+fn holds(wide: wgpu::Features, dtype: DType) -> bool {
+    match dtype {
+        DType::I64 => wide.contains(wgpu::Features::SHADER_INT64),
+        DType::F64 => wide.contains(wgpu::Features::SHADER_F64),
+        _ => true,
     }
 }
 
@@ -152,10 +165,8 @@ pub(crate) struct Ctx {
     queue: wgpu::Queue,
     /// The largest buffer a kernel may bind.
     pub(crate) max_binding: u64,
-    /// Whether kernels may use `i64` (wgpu's `SHADER_INT64`).
-    int64: bool,
-    /// Whether kernels may use `f64` (`SHADER_F64`, with `SHADER_INT64`).
-    float64: bool,
+    /// The 64-bit shader features it was opened with ([`AdapterInfo::wide`]).
+    wide: wgpu::Features,
     pending: Mutex<Pending>,
     pipelines: Mutex<HashMap<String, &'static Kernel>>,
     layouts: Mutex<HashMap<(usize, usize), &'static Layouts>>,
@@ -267,8 +278,7 @@ fn open(
         max_binding: limits
             .max_storage_buffer_binding_size
             .min(limits.max_buffer_size),
-        int64: wide.contains(wgpu::Features::SHADER_INT64),
-        float64: wide.contains(wgpu::Features::SHADER_F64),
+        wide,
         pending: Mutex::default(),
         pipelines: Mutex::default(),
         layouts: Mutex::default(),
@@ -294,12 +304,7 @@ impl Ctx {
     /// `op` (every buffer of a dtype is made after this check: [`upload`] and the
     /// kernels' output buffers).
     pub(crate) fn check_dtype(&self, op: &'static str, dtype: DType) -> Result<()> {
-        let ok = match dtype {
-            DType::I64 => self.int64,
-            DType::F64 => self.float64,
-            _ => true,
-        };
-        if ok {
+        if holds(self.wide, dtype) {
             Ok(())
         } else {
             Err(NdError::UnsupportedDTypeOn {
