@@ -433,3 +433,204 @@ fn optimizers_step_on_the_device_as_on_the_cpu() {
         m.close();
     }
 }
+
+/// A small deterministic generator for geometries.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % n as u64) as usize
+    }
+}
+
+/// `conv2d` on the device against the CPU over random geometries (groups, stride,
+/// padding, dilation, with and without bias, a transposed input), forward and the
+/// gradients of the input, the weight and the bias; the geometries the CPU refuses
+/// get the same error on the device, with nothing left allocated there. The cases of
+/// issue 29 (kernel columns that only ever land in the padding) are among them.
+#[test]
+fn conv2d_matches_the_cpu_forward_and_backward() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let base = memory_on(d).live_bytes;
+    let mut r = Lcg(29);
+    // (x shape, w shape, stride, padding, dilation, groups)
+    type Case = (
+        [usize; 4],
+        [usize; 4],
+        [usize; 2],
+        [usize; 2],
+        [usize; 2],
+        usize,
+    );
+    let mut cases: Vec<Case> = vec![
+        ([1, 1, 1, 1], [1, 1, 1, 3], [1, 1], [0, 2], [1, 2], 1),
+        ([1, 1, 3, 1], [1, 1, 2, 3], [2, 1], [1, 2], [2, 2], 1),
+        ([2, 4, 6, 5], [6, 2, 3, 3], [1, 1], [1, 1], [1, 1], 2),
+        ([1, 2, 2, 2], [1, 2, 3, 3], [1, 1], [0, 0], [1, 1], 1), // window too large
+    ];
+    for _ in 0..24 {
+        let groups = 1 + r.below(2);
+        let (c, o) = (groups * (1 + r.below(3)), groups * (1 + r.below(3)));
+        cases.push((
+            [1 + r.below(3), c, 1 + r.below(7), 1 + r.below(7)],
+            [o, c / groups, 1 + r.below(3), 1 + r.below(3)],
+            [1 + r.below(3), 1 + r.below(3)],
+            [r.below(3), r.below(3)],
+            [1 + r.below(3), 1 + r.below(2)],
+            groups,
+        ));
+    }
+    let (mut ran, mut refused) = (0, 0);
+    for (k, &(xs, ws, stride, padding, dilation, groups)) in cases.iter().enumerate() {
+        let what = format!(
+            "case {k}: x {xs:?} w {ws:?} s {stride:?} p {padding:?} d {dilation:?} g {groups}"
+        );
+        let bias = k % 2 == 0;
+        let nx: usize = xs.iter().product();
+        let nw: usize = ws.iter().product();
+        let (vx, vw, vb) = (
+            vals(nx, 100 + k as u64),
+            vals(nw, 200 + k as u64),
+            vals(ws[0], 300 + k as u64),
+        );
+        let mut got = Vec::new();
+        for dev in [Device::Cpu, d] {
+            let m = NDManager::new_on(dev);
+            // Odd cases read the input through a transposed view.
+            let x = if k % 2 == 1 {
+                m.create(&vx, [xs[0], xs[1], xs[3], xs[2]]).swap_axes(2, 3)
+            } else {
+                m.create(&vx, xs)
+            };
+            let w = m.create(&vw, ws);
+            let b = m.create(&vb, [ws[0]]);
+            for p in [x, w, b] {
+                p.set_requires_gradient(true);
+            }
+            let gc = GradientCollector::new();
+            let y = x.try_conv2d(w, bias.then_some(b), stride, padding, dilation, groups);
+            let y = match y {
+                Ok(y) => y,
+                Err(e) => {
+                    got.push(Err(e.to_string()));
+                    drop(gc);
+                    m.close();
+                    continue;
+                }
+            };
+            // A gradient that is not all ones, read through a broadcast.
+            let wt = m.create(
+                &vals(y.shape().dims()[3], 400 + k as u64),
+                [y.shape().dims()[3]],
+            );
+            gc.backward((y * wt).sum()).unwrap();
+            let to_cpu = |a: NDArray| a.to_device(Device::Cpu);
+            let mut outs = vec![to_cpu(y), to_cpu(x.gradient()), to_cpu(w.gradient())];
+            if bias {
+                outs.push(to_cpu(b.gradient()));
+            }
+            assert_eq!(y.device(), dev, "{what}");
+            got.push(Ok((m, outs)));
+        }
+        match (&got[0], &got[1]) {
+            (Ok((_, c)), Ok((_, g))) => {
+                ran += 1;
+                for (i, (g, c)) in g.iter().zip(c).enumerate() {
+                    close(&format!("{what}: output {i}"), *g, *c, 1e-4);
+                }
+            }
+            (Err(c), Err(g)) => {
+                refused += 1;
+                assert_eq!(g, c, "{what}: the same error");
+            }
+            _ => panic!("{what}: the CPU and the GPU disagree on success"),
+        }
+        for (m, _) in got.into_iter().flatten() {
+            m.close();
+        }
+    }
+    assert!(ran >= 20 && refused >= 1, "{ran} ran, {refused} refused");
+    assert_eq!(memory_on(d).live_bytes, base, "nothing left on the device");
+}
+
+/// Max and average pooling on the device against the CPU: 4-D and 3-D inputs, ties,
+/// NaN and -inf (forward), a transposed input, random kernel, stride and padding;
+/// gradients from a loss that weighs each output differently.
+#[test]
+fn pooling_matches_the_cpu_forward_and_backward() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let base = memory_on(d).live_bytes;
+    let mut r = Lcg(7);
+    for k in 0..24 {
+        let kernel = [1 + r.below(3), 1 + r.below(3)];
+        let stride = [1 + r.below(3), 1 + r.below(3)];
+        let padding = [r.below(kernel[0] / 2 + 1), r.below(kernel[1] / 2 + 1)];
+        let dims: Vec<usize> = if k % 3 == 2 {
+            vec![2, 3 + r.below(5), 3 + r.below(5)]
+        } else {
+            vec![1 + r.below(2), 2, 3 + r.below(5), 3 + r.below(5)]
+        };
+        let n: usize = dims.iter().product();
+        // Halves: many ties.
+        let mut v: Vec<f32> = vals(n, 500 + k)
+            .iter()
+            .map(|x| (x * 2.0).round() / 2.0)
+            .collect();
+        let special = k % 4 == 3;
+        if special {
+            v[n / 3] = f32::NAN;
+            v[n / 2] = f32::NEG_INFINITY;
+        }
+        for max in [true, false] {
+            let what =
+                format!("case {k} max {max}: {dims:?} k {kernel:?} s {stride:?} p {padding:?}");
+            let mut got = Vec::new();
+            for dev in [Device::Cpu, d] {
+                let m = NDManager::new_on(dev);
+                let x = if k % 2 == 1 {
+                    let mut t = dims.clone();
+                    let nd = t.len();
+                    t.swap(nd - 1, nd - 2);
+                    m.create(&v, t.as_slice()).swap_axes(-1, -2)
+                } else {
+                    m.create(&v, dims.as_slice())
+                };
+                x.set_requires_gradient(true);
+                let gc = GradientCollector::new();
+                let y = if max {
+                    x.max_pool2d(kernel, stride, padding)
+                } else {
+                    x.avg_pool2d(kernel, stride, padding)
+                };
+                let last = *y.shape().dims().last().unwrap();
+                let wt = m.create(&vals(last, 600 + k), [last]);
+                let mut outs = vec![y.to_device(Device::Cpu)];
+                if !special {
+                    gc.backward((y * wt).sum()).unwrap();
+                    outs.push(x.gradient().to_device(Device::Cpu));
+                }
+                got.push((m, outs));
+            }
+            for (i, (g, c)) in got[1].1.iter().zip(&got[0].1).enumerate() {
+                let (g, c) = (g.to_vec::<f32>().unwrap(), c.to_vec::<f32>().unwrap());
+                assert_eq!(g.len(), c.len(), "{what}: output {i}");
+                for (j, (g, c)) in g.iter().zip(&c).enumerate() {
+                    let same = g == c
+                        || (g.is_nan() && c.is_nan())
+                        || (g - c).abs() <= 1e-6 * (1.0 + c.abs());
+                    assert!(same, "{what}: output {i}[{j}]: gpu {g}, cpu {c}");
+                }
+            }
+            for (m, _) in got {
+                m.close();
+            }
+        }
+    }
+    assert_eq!(memory_on(d).live_bytes, base, "nothing left on the device");
+}

@@ -6,7 +6,7 @@
 //!
 //! The kernels are plain functions over slices and a [`Layout`](crate::layout::Layout),
 //! in [`crate::backend::cpu::conv`] and [`crate::backend::cpu::pool2d`] (the window
-//! geometry in [`crate::backend::cpu::window`]); the input is read through its strides
+//! geometry in [`crate::backend::window`]); the input is read through its strides
 //! (a transposed or sliced view is not copied first).
 
 use super::NDArray;
@@ -22,7 +22,7 @@ use crate::backend::cpu::new_overwritten;
 use crate::backend::cpu::pool2d::{
     avg_pool_grad_kernel, avg_pool_kernel, max_pool_grad_kernel, max_pool_kernel,
 };
-use crate::backend::cpu::window::Geom;
+use crate::backend::window::Geom;
 use crate::dtype::dispatch_float;
 use crate::engine::{self, ArrayId, Buffer, Operand, Output};
 use crate::error::{NdError, Result, SourceLocation, twins};
@@ -209,16 +209,24 @@ fn conv2d_impl(
     let mut ids: SmallVec<[ArrayId; 3]> = smallvec![x.id, weight.id];
     ids.extend(bias.map(|b| b.id));
     let mut geom = None;
-    let id = engine::run_op(OP, &ids, at, |o| {
+    let id = engine::run_op_on(OP, &ids, at, |o| {
         let (xo, wo, bo) = (&o[0], &o[1], o.get(2));
         let g = conv2d_geom(xo, wo, bo, &win, groups)?;
         let o_count = wo.shape().dims()[0];
+        let shape = Shape::from([g.n, o_count, g.oh, g.ow]);
+        #[cfg(feature = "gpu")]
+        if let (Some(gx), Some(gw)) = (xo.gpu(), wo.gpu()) {
+            let gb = bo.and_then(Operand::gpu);
+            let buf = crate::backend::wgpu::conv::conv2d(gx, gw, gb, &g, (o_count, groups))?;
+            geom = Some(g);
+            return Ok(Output::device(buf, shape, xo.dtype));
+        }
         let buf = dispatch_float!(xo.dtype, T => conv2d_kernel::<T>(xo.into(), wo.into(), bo.map(Into::into), &g, o_count, groups)?,
             else return Err(engine::unsupported(OP, xo)));
         geom = Some(g);
         Ok(Output::New {
             buf,
-            shape: Shape::from([g.n, o_count, g.oh, g.ow]),
+            shape,
             dtype: xo.dtype,
         })
     })?;
@@ -247,13 +255,20 @@ impl Backward for Conv2dRule {
         let here = Location::caller();
         let (x, w) = (cx.input(0), cx.input(1));
         let dx = if cx.need(0) {
-            let id = engine::run_op("conv2d_grad_input", &[gr.id, w.id], here, |o| {
+            let id = engine::run_op_on("conv2d_grad_input", &[gr.id, w.id], here, |o| {
+                let shape = Shape::from([g.n, g.c, g.h, g.w]);
+                #[cfg(feature = "gpu")]
+                if let (Some(gg), Some(gw)) = (o[0].gpu(), o[1].gpu()) {
+                    use crate::backend::wgpu::conv::conv2d_grad_input;
+                    let buf = conv2d_grad_input(gg, gw, &g, groups)?;
+                    return Ok(Output::device(buf, shape, o[0].dtype));
+                }
                 let buf = dispatch_float!(o[0].dtype,
                     T => conv2d_grad_input_kernel::<T>((&o[0]).into(), (&o[1]).into(), &g, groups)?,
                     else return Err(engine::unsupported("conv2d_grad_input", &o[0])));
                 Ok(Output::New {
                     buf,
-                    shape: Shape::from([g.n, g.c, g.h, g.w]),
+                    shape,
                     dtype: o[0].dtype,
                 })
             })?;
@@ -263,7 +278,13 @@ impl Backward for Conv2dRule {
         };
         let dw = if cx.need(1) {
             let shape = cx.shapes[1].clone();
-            let id = engine::run_op("conv2d_grad_weight", &[x.id, gr.id], here, |o| {
+            let id = engine::run_op_on("conv2d_grad_weight", &[x.id, gr.id], here, |o| {
+                #[cfg(feature = "gpu")]
+                if let (Some(gx), Some(gg)) = (o[0].gpu(), o[1].gpu()) {
+                    use crate::backend::wgpu::conv::conv2d_grad_weight;
+                    let buf = conv2d_grad_weight(gx, gg, &g, groups)?;
+                    return Ok(Output::device(buf, shape, o[0].dtype));
+                }
                 let buf = dispatch_float!(o[0].dtype,
                     T => conv2d_grad_weight_kernel::<T>((&o[0]).into(), (&o[1]).into(), &g, groups)?,
                     else return Err(engine::unsupported("conv2d_grad_weight", &o[0])));
@@ -366,9 +387,25 @@ fn pool_impl(
         dilation: [1, 1],
     };
     let mut saved: Option<(Geom, Shape, Option<Buffer>)> = None;
-    let id = engine::run_op(op, &[x.id], at, |o| {
+    #[cfg(feature = "gpu")]
+    let mut saved_gpu: Option<crate::backend::wgpu::GpuBuffer> = None;
+    let id = engine::run_op_on(op, &[x.id], at, |o| {
         let a = &o[0];
         let (g, shape) = pool_geom(op, a, &win)?;
+        #[cfg(feature = "gpu")]
+        if let Some(ga) = a.gpu() {
+            use crate::backend::wgpu::conv::{avg_pool, max_pool};
+            let buf = match kind {
+                Pool::Max => {
+                    let (out, arg) = max_pool(ga, &g)?;
+                    saved_gpu = Some(arg);
+                    out
+                }
+                Pool::Avg => avg_pool(ga, &g)?,
+            };
+            saved = Some((g, shape.clone(), None));
+            return Ok(Output::device(buf, shape, a.dtype));
+        }
         let total = shape.size();
         let mut arg = None;
         let buf = dispatch_float!(a.dtype, T => match kind {
@@ -394,10 +431,15 @@ fn pool_impl(
         })
     })?;
     if let Some((g, shape, arg)) = saved {
-        autograd::record(&[x.id], id, || PoolRule {
-            kind,
-            g,
-            argmax: arg.map(|b| Saved::new(id, b, shape, DType::I64)),
+        autograd::record(&[x.id], id, || {
+            // The argmax: I64 on the host, I32 on a device (see wgpu::conv::max_pool).
+            #[cfg(feature = "gpu")]
+            if let Some(b) = saved_gpu {
+                let argmax = Some(Saved::on_device(id, b, shape, DType::I32));
+                return PoolRule { kind, g, argmax };
+            }
+            let argmax = arg.map(|b| Saved::new(id, b, shape, DType::I64));
+            PoolRule { kind, g, argmax }
         });
     }
     Ok(NDArray { id })
@@ -433,8 +475,14 @@ impl Backward for PoolRule {
             ids.push(s.get(op)?.id);
         }
         let kind = self.kind;
-        let id = engine::run_op(op, &ids, Location::caller(), |o| {
+        let id = engine::run_op_on(op, &ids, Location::caller(), |o| {
             let gv = &o[0];
+            #[cfg(feature = "gpu")]
+            if let Some(gg) = gv.gpu() {
+                let arg = o.get(1).and_then(Operand::gpu);
+                let buf = crate::backend::wgpu::conv::pool_grad(gg, arg.map(|a| a.buf), &g)?;
+                return Ok(Output::device(buf, shape.clone(), gv.dtype));
+            }
             let buf = dispatch_float!(gv.dtype, T => {
                 let gd = cpu::to_vec::<T>(gv);
                 let plane = g.h * g.w;

@@ -26,3 +26,4 @@
 pub(crate) mod cpu;
 #[cfg(feature = "gpu")]
 pub(crate) mod wgpu;
+pub(crate) mod window;

@@ -22,7 +22,7 @@ use std::panic::Location;
 
 /// A view of `len` positions from `start` along axis `ax` (already validated).
 fn narrow(x: NDArray, ax: usize, start: usize, len: usize, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op("split", &[x.id], at, |o| {
+    let id = engine::run_op_on("split", &[x.id], at, |o| {
         let l = o[0].layout;
         let mut layout = l.clone();
         layout.shape.0[ax] = len;
@@ -312,7 +312,7 @@ impl Backward for PadRule {
 
 fn swap_axes(x: NDArray, a: isize, b: isize, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "swap_axes";
-    let id = engine::run_op(OP, &[x.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id], at, |o| {
         let o = &o[0];
         let nd = o.shape().ndim();
         let (i, j) = (normalize_axis(OP, a, nd, o)?, normalize_axis(OP, b, nd, o)?);
@@ -347,7 +347,7 @@ impl Backward for SwapAxesRule {
 
 fn flip(x: NDArray, axes: &[isize], at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "flip";
-    let id = engine::run_op(OP, &[x.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id], at, |o| {
         let o = &o[0];
         let nd = o.shape().ndim();
         let mut layout = o.layout.clone();

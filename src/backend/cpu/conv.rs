@@ -3,12 +3,13 @@
 //! over chunks of samples. The input is read through its strides (a transposed or sliced
 //! view is not copied first).
 
+use super::PARALLEL_WORK;
 use super::buffer::{Buffer, new_filled, new_overwritten};
 use super::elementwise::to_vec;
 use super::fork::{fork, may_fork};
 use super::matmul::matmul_2d;
 use super::strided::{Mat, Strided};
-use super::window::{Geom, PARALLEL_WORK, nchw_strides};
+use crate::backend::window::{Geom, nchw_strides};
 use crate::dtype::Native;
 use crate::error::Result;
 use crate::layout::Layout;

@@ -14,13 +14,19 @@
 //!   kernels (`index_select`, `gather`, `scatter_add`, `take`, masks);
 //! * [`nn`]: softmax, `where`, one-hot, embedding and loss loops; [`norm`]: the
 //!   `layer_norm`/`batch_norm` kernel and the running-statistics update;
-//! * [`window`]: the geometry of a 2-D sliding window; [`conv`]: im2col/col2im and
-//!   `conv2d`'s forward and gradient kernels; [`pool2d`]: max and average pooling;
+//! * [`conv`]: im2col/col2im and `conv2d`'s forward and gradient kernels; [`pool2d`]:
+//!   max and average pooling (the window geometry is [`crate::backend::window`],
+//!   shared with the GPU);
 //! * [`grad`]: adding a (scaled, possibly broadcast) gradient into a parameter's;
 //! * [`fork`](mod@fork): when a large kernel may split its work across threads, and where.
 
 #[cfg(feature = "openblas")]
 mod blas;
+
+/// Work (elements) above which the im2col/col2im and pooling loops run on several
+/// threads.
+pub(crate) const PARALLEL_WORK: usize = 1 << 15;
+
 pub(crate) mod buffer;
 pub(crate) mod conv;
 pub(crate) mod copy;
@@ -37,7 +43,6 @@ pub(crate) mod reduce;
 pub(crate) mod strided;
 #[cfg(test)]
 mod tests;
-pub(crate) mod window;
 
 pub(crate) use buffer::{Buffer, new_filled, new_overwritten};
 pub(crate) use elementwise::{assign_binary, assign_unary, map_binary, map_unary, to_vec};

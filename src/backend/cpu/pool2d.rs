@@ -1,8 +1,9 @@
 //! Pooling kernels over NCHW planes: `max_pool2d` (with each output's argmax) and
 //! `avg_pool2d` (padding counted in the divisor), and their gradients.
 
+use super::PARALLEL_WORK;
 use super::fork::{fork, may_fork};
-use super::window::{Geom, PARALLEL_WORK, nchw_strides};
+use crate::backend::window::{Geom, nchw_strides};
 use crate::dtype::Native;
 use crate::layout::Layout;
 use rayon::prelude::*;

@@ -1,12 +1,9 @@
 //! The geometry of a 2-D sliding window over NCHW data, shared by the convolution
-//! and pooling kernels: sizes, strides, padding and dilation ([`Geom`]), which output
-//! positions a kernel tap reaches ([`span`]), and the element strides of an NCHW layout.
+//! and pooling kernels of every backend: sizes, strides, padding and dilation
+//! ([`Geom`]), which output positions a kernel tap reaches ([`span`]), and the element
+//! strides of an NCHW layout.
 
 use crate::layout::Layout;
-
-/// Work (elements) above which the im2col/col2im and pooling loops run on several
-/// threads.
-pub(crate) const PARALLEL_WORK: usize = 1 << 15;
 
 /// The geometry of a 2-D sliding window over `[N, C, H, W]` (pools also accept
 /// `[C, H, W]`, seen as `N = 1`).
