@@ -9,9 +9,10 @@
 //! ```
 //!
 //! `--device gpu` (built with `--features gpu`) trains on the first GPU: the model and
-//! the optimizer's state live there, each batch goes up in its step's scope. The MLP
-//! runs there today; the CNN's conv2d and pooling have no GPU kernels yet (issue 26),
-//! and the checkpoint round trip runs on the CPU only.
+//! the optimizer's state live there, each batch goes up in its step's scope, and the
+//! checkpoint round trip loads into a fresh model there. A seeded model starts from the
+//! same values on every device (initialisation draws on the host), and a checkpoint
+//! saved from a GPU model loads into a CPU one (`--load` evaluates on the CPU).
 //!
 //! `bench/digits_torch.py` is the same program in PyTorch (same models, optimizer,
 //! batches and split) and `bench/digits_numpy.py` the MLP in numpy; BENCHMARKS.md
@@ -333,14 +334,6 @@ fn train(args: &Args, train: &[NDArray], test: &[NDArray]) -> Report {
     let temp =
         std::env::temp_dir().join(format!("ndscope-digits-{}.safetensors", std::process::id()));
     let path = match (&args.save, args.quick) {
-        _ if dev != Device::Cpu => {
-            if args.save.is_some() {
-                eprintln!(
-                    "--save is skipped with --device gpu: checkpoints load on the CPU only for now"
-                );
-            }
-            None
-        }
         (Some(p), _) => Some(std::path::PathBuf::from(p)),
         (None, true) => Some(temp),
         (None, false) => None,
@@ -350,7 +343,7 @@ fn train(args: &Args, train: &[NDArray], test: &[NDArray]) -> Report {
         let (mut loaded, loaded_opt) =
             load_checkpoint(&m, kind, &path).expect("load the checkpoint just saved");
         let same =
-            predict(&mut loaded, test[0]) == pred && loaded_opt.step_count() == opt.step_count();
+            predict(&mut loaded, test_x) == pred && loaded_opt.step_count() == opt.step_count();
         loaded.manager().close();
         loaded_opt.manager().close();
         if args.save.is_none() {

@@ -461,6 +461,32 @@ impl NDManager {
         }
     }
 
+    /// Samples of U[`low`, `high`) (`normal`: N(`low`, `high`)) drawn by the thread's
+    /// host generator whatever this manager's device (uploaded to it), so the same seed
+    /// gives the same values on every device: what a model's initialisation uses.
+    #[track_caller]
+    pub(crate) fn try_random_host(
+        &self,
+        normal: bool,
+        (a, b): (f64, f64),
+        shape: Shape,
+        dtype: DType,
+    ) -> Result<NDArray> {
+        let at = Location::caller();
+        let op = if normal {
+            "random_normal"
+        } else {
+            "random_uniform"
+        };
+        let n = check_shape(op, &shape, dtype)?;
+        let values = if normal {
+            random::normal(a, b, n)?
+        } else {
+            random::uniform(a, b, n)?
+        };
+        self.make(op, shape, dtype, at, |i| values[i])
+    }
+
     twins! {
         /// Uniform random integers in `[low, high)`.
         pub fn random_integer,

@@ -634,3 +634,146 @@ fn pooling_matches_the_cpu_forward_and_backward() {
     }
     assert_eq!(memory_on(d).live_bytes, base, "nothing left on the device");
 }
+
+/// A small CNN (conv2d, ReLU, max-pool, flatten, linear) in a sub-manager of `m`.
+fn small_cnn(m: &NDManager) -> ndscope::nn::Sequential {
+    use ndscope::nn::{Conv2d, Flatten, Linear, MaxPool2d, Relu, Sequential};
+    Sequential::new(m)
+        .add_with(|mm| Conv2d::builder(1, 4, 3).padding(1).build(mm))
+        .add(Relu::new())
+        .add(MaxPool2d::new(2))
+        .add(Flatten::new())
+        .add_with(|mm| Linear::new(mm, 4 * 3 * 3, 5))
+}
+
+/// One Adam step of `model` on a batch of `x`, `y` (uploaded to `dev`), in a scope.
+fn adam_step(
+    model: &ndscope::nn::Sequential,
+    opt: &mut ndscope::optim::Adam,
+    x: NDArray,
+    y: NDArray,
+    dev: Device,
+) {
+    use ndscope::nn::Module;
+    use ndscope::optim::Optimizer;
+    let _s = NDScope::new();
+    let gc = GradientCollector::new();
+    let loss = model
+        .forward(x.to_device(dev))
+        .cross_entropy(y.to_device(dev));
+    gc.backward(loss).unwrap();
+    drop(gc);
+    opt.step();
+}
+
+/// `Module::to_device` moves a trained model's parameters (same handles, same
+/// sub-managers) and `Optimizer::to_device` its state; training goes on there as on
+/// the CPU. Checkpoints cross devices both ways with the same predictions, a parameter
+/// a view shares is refused with nothing moved, and device memory returns to its
+/// baseline once the model is closed.
+#[test]
+fn a_model_and_its_optimizer_move_and_checkpoints_cross_devices() {
+    use ndscope::nn::{self, Module};
+    use ndscope::optim::{Adam, AdamConfig, Optimizer};
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let base = memory_on(d).live_bytes;
+    let dir = std::env::temp_dir();
+    let (ckpt_cpu, ckpt_gpu) = (
+        dir.join(format!(
+            "ndscope-move-cpu-{}.safetensors",
+            std::process::id()
+        )),
+        dir.join(format!(
+            "ndscope-move-gpu-{}.safetensors",
+            std::process::id()
+        )),
+    );
+    let m = NDManager::new();
+    let x = m.create(&vals(6 * 36, 40), [6, 1, 6, 6]);
+    let y = m.create(&[0i64, 3, 1, 4, 2, 0], [6]);
+    ndscope::random::seed(3);
+    let model = small_cnn(&m);
+    let mut opt = Adam::new(&m, &model.parameters(), AdamConfig::default());
+    for _ in 0..2 {
+        adam_step(&model, &mut opt, x, y, Device::Cpu);
+    }
+    nn::save_with_optimizer(&ckpt_cpu, &model, &opt);
+    let params = model.parameters();
+    let arrays = model.manager().memory().live_arrays;
+
+    // Move: the same handles, now on the device, in the same sub-managers.
+    model.to_device(d);
+    opt.to_device(d);
+    assert_eq!(model.parameters(), params, "the same handles");
+    for p in model.parameters() {
+        assert_eq!(p.device(), d);
+        assert_eq!(p.gradient().device(), d, "the gradient moved with it");
+    }
+    for (_, s) in opt.named_state() {
+        assert_eq!(s.device(), d);
+    }
+    assert_eq!(model.manager().memory().live_arrays, arrays);
+
+    // A twin on the CPU from the checkpoint: one more step on each lands in one place.
+    let twin = small_cnn(&m);
+    let mut twin_opt = Adam::new(&m, &twin.parameters(), AdamConfig::default());
+    nn::load_with_optimizer(&ckpt_cpu, &twin, &mut twin_opt);
+    adam_step(&model, &mut opt, x, y, d);
+    adam_step(&twin, &mut twin_opt, x, y, Device::Cpu);
+    let (gp, cp) = (model.parameters(), twin.parameters());
+    for (i, (g, c)) in gp.iter().zip(&cp).enumerate() {
+        close(
+            &format!("parameter {i} after a step on each"),
+            g.to_device(Device::Cpu),
+            *c,
+            1e-4,
+        );
+    }
+
+    // A GPU model's checkpoint loads into a CPU model, and a CPU one into a GPU model,
+    // with the same predictions.
+    nn::save(&ckpt_gpu, &model);
+    let on_cpu = small_cnn(&m);
+    nn::load(&ckpt_gpu, &on_cpu);
+    let gm = NDManager::new_on(d);
+    let on_gpu = small_cnn(&gm);
+    nn::save(&ckpt_cpu, &twin);
+    nn::load(&ckpt_cpu, &on_gpu);
+    ndscope::scope(|| {
+        let xg = x.to_device(d);
+        close(
+            "gpu -> cpu checkpoint",
+            on_cpu.forward(x),
+            model.forward(xg).to_device(Device::Cpu),
+            1e-6,
+        );
+        close(
+            "cpu -> gpu checkpoint",
+            on_gpu.forward(xg).to_device(Device::Cpu),
+            twin.forward(x),
+            1e-6,
+        );
+    });
+
+    // A parameter that a view shares cannot move (the view would stay behind).
+    let p = model.parameters()[0];
+    let _view = p.get("0");
+    let e = p.try_move_to_device(Device::Cpu).unwrap_err();
+    assert!(
+        matches!(e, ndscope::NdError::InvalidArgument { .. }) && e.to_string().contains("view"),
+        "{e}"
+    );
+    assert_eq!(p.device(), d, "nothing moved");
+
+    for f in [&ckpt_cpu, &ckpt_gpu] {
+        std::fs::remove_file(f).unwrap();
+    }
+    gm.close();
+    m.close();
+    assert_eq!(
+        memory_on(d).live_bytes,
+        base,
+        "device memory back at its baseline"
+    );
+}

@@ -180,3 +180,55 @@ fn an_array_past_the_largest_binding_is_refused_with_nothing_left_allocated() {
     assert_eq!((on(d), on(Device::Cpu)), (base_gpu, base_cpu));
     m.close();
 }
+
+/// `move_to_device` keeps the handle and its ownership: a moved array is still freed
+/// by its scope (on the device now, and its tombstone says so), a retained one comes
+/// back to the CPU with the same values, every counter returns to its baseline, and a
+/// tape being recorded that depends on the array refuses the move.
+#[test]
+fn an_array_moved_in_place_keeps_its_handle_and_its_owners() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let m = NDManager::new();
+    let (base, host) = (on(d), ndscope::memory());
+    let kept = {
+        let _scope = NDScope::new();
+        let a = m.create(&[1.0f32, 2.0, 3.0], [3]);
+        let b = m.create(&[4i32, 5, 6, 7], [2, 2]);
+        a.move_to_device(d);
+        b.move_to_device(d);
+        assert_eq!((a.device(), b.device()), (d, d));
+        assert_eq!(on(d).0, base.0 + 2, "two arrays on the device");
+        assert_eq!(m.memory().live_arrays, 2, "still in their manager");
+        assert_eq!((a * 2.0).to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0]);
+        b.retain();
+        (a, b)
+    };
+    let (a, b) = kept;
+    assert!(a.is_closed(), "the scope freed the moved array");
+    let e = a.to_vec::<f32>().unwrap_err().to_string();
+    assert!(
+        e.contains(&d.to_string()),
+        "the tombstone names the device: {e}"
+    );
+    b.move_to_device(Device::Cpu);
+    assert_eq!(b.device(), Device::Cpu);
+    assert_eq!(b.to_vec::<i32>().unwrap(), vec![4, 5, 6, 7]);
+    assert_eq!(on(d), base, "nothing left on the device");
+    b.release();
+    assert!(b.is_closed());
+    assert_eq!(ndscope::memory().live_arrays, host.live_arrays);
+    assert_eq!(ndscope::memory().live_bytes, host.live_bytes);
+
+    // A recorded tape that reads the array: refused, nothing moved.
+    let w = m.create(&[1.0f32, 2.0], [2]);
+    w.set_requires_gradient(true);
+    let gc = ndscope::GradientCollector::new();
+    let _y = (w * w).sum();
+    let e = w.try_move_to_device(d).unwrap_err();
+    assert!(matches!(e, ndscope::NdError::InvalidArgument { .. }), "{e}");
+    assert_eq!(w.device(), Device::Cpu);
+    drop(gc);
+    m.close();
+    assert_eq!(on(d), base);
+}

@@ -1,4 +1,4 @@
-//! Moving arrays between devices (`to_device`). (The ops with a GPU kernel wrap its
+//! Moving arrays between devices: `to_device` (a copy) and `move_to_device` (in place). (The ops with a GPU kernel wrap its
 //! buffer with the engine's `Output::device`.)
 //!
 //! A copy between devices is explicit, one per call, and owned like any op's result
@@ -22,6 +22,19 @@ pub(crate) fn to_device(x: NDArray, device: Device, at: SourceLocation) -> Resul
     let id = engine::run_op_on("to_device", &[x.id], at, |o| copy(&o[0], device))?;
     autograd::record(&[x.id], id, || ToDeviceRule(from));
     Ok(NDArray { id })
+}
+
+/// Move `x`'s data, and its gradient's, to `device` in place (checked to exist).
+pub(crate) fn move_to_device(x: NDArray, device: Device) -> Result<()> {
+    const OP: &str = "move_to_device";
+    if x.try_device()? == device {
+        return Ok(());
+    }
+    autograd::check_inplace(OP, x.id)?;
+    if let Some(g) = engine::move_data(OP, x.id, |o| copy(o, device))? {
+        move_to_device(NDArray { id: g }, device)?;
+    }
+    Ok(())
 }
 
 /// `o`'s elements, contiguous, on `device`.

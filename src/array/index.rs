@@ -251,7 +251,7 @@ fn set(x: NDArray, index: &str, value: Rhs) -> Result<()> {
         }
         Rhs::Scalar(_) => Vec::new(),
     };
-    engine::run_inplace(x.id, &ids, |mut t, ops| {
+    engine::run_inplace_on("set", x.id, &ids, |mut t, ops| {
         let sub = select(&t.layout, index).map_err(|m| index_error("set", m, t.desc()))?;
         match value {
             Rhs::Array(_) => {
@@ -273,10 +273,22 @@ fn set(x: NDArray, index: &str, value: Rhs) -> Result<()> {
                     });
                 }
                 t.layout = sub;
+                #[cfg(feature = "gpu")]
+                if let Some(g) = t.gpu() {
+                    return crate::backend::wgpu::inplace::assign("set", g, v.gpu(), "x", 0);
+                }
                 dispatch!(t.dtype, T => cpu::assign_binary::<T>(&mut t, v, |_, y| y));
             }
             Rhs::Scalar(s) => {
                 t.layout = sub;
+                #[cfg(feature = "gpu")]
+                if let Some(g) = t.gpu() {
+                    let bits = match s {
+                        _ if g.dtype == DType::Bool => scalar_as::<u8>(s, DType::Bool).into(),
+                        _ => s.bits(g.dtype),
+                    };
+                    return crate::backend::wgpu::inplace::assign("set", g, None, "s", bits);
+                }
                 dispatch!(t.dtype, T => {
                     let s: T = scalar_as(s, t.dtype);
                     cpu::assign_unary::<T>(&mut t, move |_| s)

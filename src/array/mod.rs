@@ -151,6 +151,34 @@ impl NDArray {
         }
     }
 
+    twins! {
+        /// Move this array's data to `device` in place: the handle, its manager, scopes,
+        /// reference count and gradient (moved with it) stay, so everything holding the
+        /// handle (a model, an optimizer's state) sees the data there. The old buffer goes
+        /// back to its device's pool at once. This is how a model goes to a GPU
+        /// ([`Module::to_device`](crate::nn::Module::to_device)); [`NDArray::to_device`]
+        /// is the copy, with a gradient that flows back. Panics on error.
+        ///
+        /// ```
+        /// use ndscope::{Device, NDManager};
+        /// let m = NDManager::new();
+        /// let a = m.create(&[1.0f32, 2.0], [2]);
+        /// a.move_to_device(Device::Cpu); // already there: nothing to do
+        /// assert_eq!(a.device(), Device::Cpu);
+        /// # Ok::<(), ndscope::NdError>(())
+        /// ```
+        pub fn move_to_device,
+        /// [`NDArray::move_to_device`]. Errors: `Closed`, `NoDevice`, `Unsupported` (a GPU
+        /// in a build without the `gpu` feature), `UnsupportedDTypeOn`, `OutOfMemory`,
+        /// `InvalidArgument` (a view shares the array's data, so it would be left
+        /// behind; or a gradient tape being recorded depends on the array). Nothing
+        /// changes on an error.
+        pub fn try_move_to_device(self, device: Device) -> () {
+            crate::adapters::check(device)?;
+            device::move_to_device(self, device)
+        }
+    }
+
     /// Whether the array has been freed.
     pub fn is_closed(self) -> bool {
         !engine::is_live(self.id)

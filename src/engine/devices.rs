@@ -96,3 +96,79 @@ pub(crate) fn gpu_arrays(n: Option<usize>) -> usize {
         0
     }
 }
+
+/// Move array `id`'s data, in place, to what `f` makes of it (a contiguous copy, on
+/// another device): the record keeps its id, manager, scopes, counts and gradient
+/// link, so every handle to it (a model's, an optimizer's) sees the new data; the
+/// manager's byte counts and the per-device array counts follow the new buffer, and
+/// the old one goes back to its pool. Returns the array's gradient, which the caller
+/// moves next.
+///
+/// The array must be its data's only viewer: it owns its buffer, or it is the one
+/// holder left of a buffer record (the views an op took of it are gone) that no
+/// other shard or outside read shares. Otherwise it is refused (`InvalidArgument`,
+/// before anything is copied), since the views would be left behind.
+pub(crate) fn move_data(
+    name: &'static str,
+    id: ArrayId,
+    f: impl FnOnce(&Operand<'_>) -> Result<super::exec::Output>,
+) -> Result<Option<ArrayId>> {
+    use super::exec::Output;
+    use super::records::Store;
+    let mut ctx = Ctx::one(id.shard);
+    let shared = match ctx.array(id)?.store {
+        Store::Own(_) => None,
+        Store::Shared(b) => {
+            let m = ctx.buffer(b);
+            let alone = m.home.is_none()
+                && m.proxies.is_empty()
+                && m.holders.len() == 1
+                && m.carries
+                && std::sync::Arc::strong_count(&m.buf) == 1;
+            if !alone {
+                let o = ctx.operand(id)?;
+                return Err(NdError::invalid(
+                    name,
+                    format!(
+                        "{} shares its data with a view, which would be left on {}; move \
+                         the array before taking views of it, or close the views",
+                        o.desc(),
+                        o.device()
+                    ),
+                ));
+            }
+            Some(b)
+        }
+    };
+    let out = f(&ctx.operand(id)?)?;
+    let (store, shape): (super::Storage, _) = match out {
+        Output::New { buf, shape, .. } => (buf.into(), shape),
+        #[cfg(feature = "gpu")]
+        Output::Stored { buf, shape, .. } => (buf, shape),
+        Output::View { .. } => unreachable!("a move makes a copy"),
+    };
+    let new_bytes = store.bytes() as isize;
+    #[cfg(feature = "gpu")]
+    count_array(store.device(), 1);
+    let r = ctx.array_mut(id);
+    let old = std::mem::replace(&mut r.store, Store::Own(store));
+    r.layout = crate::layout::Layout::contiguous(shape);
+    let (manager, grad) = (r.manager, r.grad);
+    // The old data: its own buffer, or the buffer record it was the one holder of
+    // (charged to it, as an own buffer is).
+    let old: std::sync::Arc<super::Storage> = match (old, shared) {
+        (Store::Own(buf), _) => std::sync::Arc::new(buf),
+        (Store::Shared(_), Some(b)) => {
+            let sh = ctx.sh(id.shard);
+            sh.buffers.remove(b).expect("checked above").buf
+        }
+        (Store::Shared(_), None) => unreachable!("checked above"),
+    };
+    #[cfg(feature = "gpu")]
+    count_array(old.device(), -1);
+    ctx.sh(id.shard)
+        .adjust(manager, 0, 0, new_bytes - old.bytes() as isize, 0);
+    drop(ctx);
+    drop(old);
+    Ok(grad)
+}

@@ -72,7 +72,7 @@ mod tasks;
 pub(crate) use crate::backend::cpu::Buffer;
 pub(crate) use crate::layout::Layout;
 pub use count_alloc::CountingAllocator;
-pub(crate) use devices::{device_of, gpu_arrays};
+pub(crate) use devices::{device_of, gpu_arrays, move_data};
 #[cfg(feature = "gpu")]
 pub(crate) use exec::create_stored;
 pub(crate) use exec::{

@@ -3,11 +3,11 @@
 
 use super::raw::{Bytes, check_names, format_error, read_file};
 use super::safetensors::{entries, write};
-use crate::NDArray;
 use crate::dtype::dispatch;
 use crate::error::{Result, unwrap};
 use crate::ext;
 use crate::layout::{Layout, for_each_row};
+use crate::{Device, NDArray, NDManager};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -114,15 +114,29 @@ fn load_into_impl<S: AsRef<str>>(path: &Path, named: &[(S, NDArray)]) -> Result<
         ));
     }
     for e in &entries {
-        let (a, _, _) = targets[e.name.as_str()];
-        ext::update_in_place(a, [], |mut t, []| {
-            let b = t.dtype() == crate::DType::Bool;
-            dispatch!(t.dtype(), T => {
-                let t = t.view_mut::<T>();
-                write_rows::<T>(t.data, t.layout, e.data, b)
-            });
-            Ok(())
-        })?;
+        let (a, ref shape, dtype) = targets[e.name.as_str()];
+        let write = |host: NDArray| {
+            ext::update_in_place(host, [], |mut t, []| {
+                let b = t.dtype() == crate::DType::Bool;
+                dispatch!(t.dtype(), T => {
+                    let t = t.view_mut::<T>();
+                    write_rows::<T>(t.data, t.layout, e.data, b)
+                });
+                Ok(())
+            })
+        };
+        let device = a.try_device()?;
+        if device == Device::Cpu {
+            write(a)?;
+        } else {
+            // A device array gets the values through a host array in a scope, uploaded
+            // and copied into it in place (its handle and buffer stay).
+            crate::scope(|| {
+                let host = NDManager::system().try_zeros(shape.clone(), dtype)?;
+                write(host)?;
+                a.try_set("", host.try_to_device(device)?)
+            })?;
+        }
     }
     Ok(())
 }

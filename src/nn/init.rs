@@ -293,8 +293,10 @@ impl Init {
             super::check_param_dtype("init", dtype)?;
             match self.dist("init", &shape)? {
                 Dist::Constant(v) => m.try_full(shape, v, dtype),
-                Dist::Uniform(lo, hi) => m.try_random_uniform(lo, hi, shape, dtype),
-                Dist::Normal(mean, std) => m.try_random_normal(mean, std, shape, dtype),
+                // Drawn on the host whatever the manager's device: a seeded model is
+                // the same model on every device.
+                Dist::Uniform(lo, hi) => m.try_random_host(false, (lo, hi), shape, dtype),
+                Dist::Normal(mean, std) => m.try_random_host(true, (mean, std), shape, dtype),
             }
         }
     }

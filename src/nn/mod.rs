@@ -242,6 +242,30 @@ pub trait Module: Send + Sync {
     fn manager(&self) -> Option<NDManager> {
         None
     }
+
+    /// Move the parameters (with their gradients) and the buffers to `device`, in
+    /// place ([`NDArray::move_to_device`]): the same handles, in the same sub-managers,
+    /// so an optimizer built on [`Module::parameters`] keeps updating them; move its
+    /// state with [`Optimizer::try_to_device`](crate::optim::Optimizer::try_to_device).
+    /// A checkpoint of the model ([`save`]) loads into a model on any device.
+    /// Errors: those of [`NDArray::try_move_to_device`]; the arrays moved before an
+    /// error stay moved (call again to finish).
+    fn try_to_device(&self, device: crate::Device) -> Result<()> {
+        for (_, a) in self
+            .named_parameters()
+            .into_iter()
+            .chain(self.named_buffers())
+        {
+            a.try_move_to_device(device)?;
+        }
+        Ok(())
+    }
+
+    /// [`Module::try_to_device`]; panics with the error's message on failure.
+    #[track_caller]
+    fn to_device(&self, device: crate::Device) {
+        unwrap(self.try_to_device(device))
+    }
 }
 
 impl<M: Module + ?Sized> Module for Box<M> {

@@ -105,6 +105,23 @@ pub trait Optimizer {
     /// (Adam, AdamW). Writing into them in place (a loaded checkpoint) sets the state.
     fn named_state(&self) -> Vec<(String, NDArray)>;
 
+    /// Move the state ([`Optimizer::named_state`]) to `device` in place, to follow a
+    /// model moved there with [`Module::try_to_device`](crate::nn::Module::try_to_device)
+    /// (a new optimizer makes its state on each parameter's device). Errors: those of
+    /// [`NDArray::try_move_to_device`]; the arrays moved before an error stay moved.
+    fn try_to_device(&self, device: crate::Device) -> Result<()> {
+        for (_, a) in self.named_state() {
+            a.try_move_to_device(device)?;
+        }
+        Ok(())
+    }
+
+    /// [`Optimizer::try_to_device`]; panics with the error's message on failure.
+    #[track_caller]
+    fn to_device(&self, device: crate::Device) {
+        crate::error::unwrap(self.try_to_device(device))
+    }
+
     /// Set every parameter's gradient to zero, in place (a [`GradientCollector`]
     /// zeroes them when it starts; this is for `GradientCollector::accumulating`).
     /// Parameters that no longer require a gradient are skipped. Errors: `Closed`.
@@ -116,6 +133,10 @@ pub trait Optimizer {
                 continue;
             }
             let g = p.try_gradient()?;
+            if g.try_device()? != crate::Device::Cpu {
+                g.try_set("", 0)?;
+                continue;
+            }
             ext::update_in_place(g, [], |mut t, []| {
                 dispatch!(t.dtype(), T => {
                     let z = <T as crate::dtype::Native>::ZERO;
@@ -201,8 +222,12 @@ impl State {
             let mut buffers = Vec::with_capacity(params.len() * per);
             for &p in params {
                 let (shape, dtype) = (p.try_shape()?, p.try_dtype()?);
+                let device = p.try_device()?;
                 for _ in 0..per {
-                    buffers.push(manager.try_zeros(shape.clone(), dtype)?.keep());
+                    let z = manager.try_zeros(shape.clone(), dtype)?.keep();
+                    buffers.push(z);
+                    // On the parameter's device, whatever the manager's.
+                    z.try_move_to_device(device)?;
                 }
             }
             Ok(buffers)

@@ -208,6 +208,7 @@ fn table() -> Vec<(&'static str, Kind)> {
         ("release", NotAnOp),
         ("ref_count", NotAnOp),
         ("set", NotAnOp),
+        ("move_to_device", NotAnOp),
         ("addi", NotAnOp),
         ("subi", NotAnOp),
         ("muli", NotAnOp),
