@@ -48,7 +48,9 @@
 //! README's loop with autograd, data and parameters on the device (an epoch of 100
 //! steps, then `synchronize`); `gpu_digits_mlp_us_per_step` a training step of the
 //! digits MLP (64-128-10, ReLU, cross-entropy, Adam) on a batch of 32 on the device
-//! (50 steps, then `synchronize`). Without a GPU they are `null`.
+//! (50 steps, then `synchronize`); `gpu_digits_cnn_us_per_step` the same for the
+//! digits CNN (10 steps); `gpu_conv2d_fwd_bwd_us` is `conv2d_fwd_bwd_us` on the device,
+//! with a `synchronize` in each repeat. Without a GPU they are `null`.
 
 use ndscope::{DType, GradientCollector, NDArray, NDManager, NDScope};
 use std::future::Future;
@@ -776,6 +778,20 @@ fn main() {
             1,
             "us",
         ),
+        (
+            "gpu_digits_cnn_us_per_step",
+            "gpu: digits CNN step (Adam)",
+            gpu[7],
+            1,
+            "us",
+        ),
+        (
+            "gpu_conv2d_fwd_bwd_us",
+            "gpu: conv2d [32,16,8,8] 3x3x32 fwd+bwd",
+            gpu[8],
+            1,
+            "us",
+        ),
         ("peak_rss_mb", "peak RSS", Some(rss), 1, "MiB"),
     ];
     if json {
@@ -853,7 +869,29 @@ fn gpu_keys(quick: bool, r: usize) -> [Option<f64>; GPU_KEYS] {
         synchronize(d).expect("the device");
     }) / 1e3
         / steps as f64;
-    let mlp = gpu_mlp_step_us(&m, d, quick, r);
+    let mlp = gpu_digits_step_us(&m, d, false, quick, r);
+    let cnn = gpu_digits_step_us(&m, d, true, quick, r);
+    // conv2d forward and backward as `conv2d_fwd_bwd_us`, then a wait for the device.
+    let conv = {
+        let batch = if quick { 2 } else { 32 };
+        let x = m.random_normal(0.0, 1.0, [batch, 16, 8, 8], DType::F32);
+        let w = m.random_normal(0.0, 0.1, [32, 16, 3, 3], DType::F32);
+        let b = m.zeros([32], DType::F32);
+        for p in [x, w, b] {
+            p.set_requires_gradient(true);
+        }
+        let t = median_ns(r.min(5), it(20), || {
+            let _s = NDScope::new();
+            let gc = GradientCollector::new();
+            let y = x.conv2d(w, Some(b), [1, 1], [1, 1], [1, 1], 1);
+            gc.backward(y.sum()).expect("recorded");
+            synchronize(d).expect("the device");
+        }) / 1e3;
+        for p in [x, w, b] {
+            p.close();
+        }
+        t
+    };
     m.close();
     let bytes = (n * 4) as f64;
     [
@@ -864,24 +902,44 @@ fn gpu_keys(quick: bool, r: usize) -> [Option<f64>; GPU_KEYS] {
         Some(2.0 * (k * k * k) as f64 / mm),
         Some(linreg),
         Some(mlp),
+        Some(cnn),
+        Some(conv),
     ]
 }
 
-/// Microseconds per training step of the digits MLP on device `d` (batches of 32
-/// drawn on the device, I64 labels), Adam's state there too.
+/// Microseconds per training step of the digits MLP (`cnn`: the digits CNN) on device
+/// `d` (batches of 32 drawn on the device, I64 labels), Adam's state there too.
 #[cfg(feature = "gpu")]
-fn gpu_mlp_step_us(m: &NDManager, d: ndscope::Device, quick: bool, r: usize) -> f64 {
-    use ndscope::nn::{Linear, Module, Relu, Sequential};
+fn gpu_digits_step_us(m: &NDManager, d: ndscope::Device, cnn: bool, quick: bool, r: usize) -> f64 {
+    use ndscope::nn::{Conv2d, Flatten, Linear, MaxPool2d, Module, Relu, Sequential};
     use ndscope::optim::{Adam, AdamConfig, Optimizer};
-    let model = Sequential::new(m)
-        .add_with(|mm| Linear::new(mm, 64, 128))
-        .add(Relu::new())
-        .add_with(|mm| Linear::new(mm, 128, 10));
+    let model = if cnn {
+        // As examples/digits --model cnn.
+        Sequential::new(m)
+            .add_with(|mm| Conv2d::builder(1, 16, 3).padding(1).build(mm))
+            .add(Relu::new())
+            .add(MaxPool2d::new(2))
+            .add_with(|mm| Conv2d::builder(16, 32, 3).padding(1).build(mm))
+            .add(Relu::new())
+            .add(MaxPool2d::new(2))
+            .add(Flatten::new())
+            .add_with(|mm| Linear::new(mm, 32 * 2 * 2, 10))
+    } else {
+        Sequential::new(m)
+            .add_with(|mm| Linear::new(mm, 64, 128))
+            .add(Relu::new())
+            .add_with(|mm| Linear::new(mm, 128, 10))
+    };
     let mut opt = Adam::new(m, &model.parameters(), AdamConfig::default());
     let x = m.random_uniform(0.0, 16.0, [32, 64], DType::F32);
+    let x = if cnn { x.reshape([32, 1, 8, 8]) } else { x };
     let labels: Vec<i64> = (0..32).map(|i| i % 10).collect();
     let y = m.create(&labels, [32]);
-    let steps = if quick { 2 } else { 50 };
+    let steps = match (quick, cnn) {
+        (true, _) => 2,
+        (false, true) => 10,
+        (false, false) => 50,
+    };
     let mut step = || {
         let _s = NDScope::new();
         let gc = GradientCollector::new();
@@ -906,4 +964,4 @@ fn gpu_keys(_: bool, _: usize) -> [Option<f64>; GPU_KEYS] {
 }
 
 /// How many figures [`gpu_keys`] gives.
-const GPU_KEYS: usize = 7;
+const GPU_KEYS: usize = 9;

@@ -111,11 +111,11 @@ impl Target<'_> {
     /// engine checked) and the scalars (in the target's dtype) as `s`, `s1`, `s2`, ...
     /// `None` for a target in host memory (use [`Target::view_mut`]).
     #[cfg(feature = "gpu")]
-    pub(crate) fn update_on_device(
+    pub(crate) fn update_on_device<'r>(
         &mut self,
         op: &'static str,
         inputs: &[Input<'_>],
-        rule: impl FnOnce() -> (String, smallvec::SmallVec<[f64; 4]>),
+        rule: impl FnOnce() -> (&'r str, &'r [f64]),
     ) -> Option<Result<()>> {
         use crate::backend::wgpu::{inplace, kernels};
         let t = self.0.gpu()?;
@@ -123,11 +123,11 @@ impl Target<'_> {
         let views: smallvec::SmallVec<[kernels::View<'_>; 2]> =
             inputs.iter().filter_map(|x| x.0.gpu()).collect();
         debug_assert_eq!(views.len(), inputs.len(), "the engine keeps one device");
-        let bits: smallvec::SmallVec<[u64; 4]> = scalars
+        let bits: smallvec::SmallVec<[u64; 8]> = scalars
             .iter()
             .map(|&v| kernels::scalar_bits(v, t.dtype))
             .collect();
-        Some(inplace::assign_n(op, t, &views, &expr, &bits))
+        Some(inplace::assign_n(op, t, &views, expr, &bits))
     }
 }
 

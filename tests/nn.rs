@@ -906,6 +906,8 @@ fn optimizer_state_lives_in_its_own_manager() {
         0,
         "plain SGD keeps no state"
     );
+    assert!(plain.named_state().is_empty(), "and names none");
+    plain.to_device(ndscope::Device::Cpu); // nothing to move
     assert_eq!(adam.parameters(), &model.parameters()[..]);
 
     // Built in a scope: the state survives it.

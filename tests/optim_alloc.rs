@@ -130,3 +130,77 @@ fn optimizer_steps_do_not_allocate() {
     assert!(CountingAllocator::thread_allocations() > 0);
     m.close();
 }
+
+/// On a GPU (feature `gpu`): a steady optimizer step of a model on the device (its
+/// state follows the parameters there) takes no device buffer, and ndscope itself
+/// allocates nothing on the host for it: each update's WGSL rule and pipeline key are
+/// written into reused strings, its parameter words into an inline block. What is
+/// left is wgpu's: recording a dispatch grows the open compute pass's command lists
+/// (a few allocations a step, amortized over a batch of 128 commands), and submitting
+/// a batch allocates a few hundred times. So the host bound is on the median step,
+/// at most 3 allocations (8 updates a step here; two `format!`s an update would make
+/// it 16 or more). Counted: `step` alone (the forward and backward passes, and
+/// `clip_grad_norm`, which reads the norm back, are not).
+#[cfg(feature = "gpu")]
+#[test]
+fn optimizer_steps_on_a_gpu_take_no_buffer_and_allocate_little() {
+    use ndscope::{Device, memory_on};
+    let Some(d) = ndscope::devices()
+        .into_iter()
+        .map(|d| d.device)
+        .find(|&d| d != Device::Cpu)
+    else {
+        assert!(
+            std::env::var("NDSCOPE_REQUIRE_GPU").as_deref() != Ok("1"),
+            "NDSCOPE_REQUIRE_GPU=1 but no GPU adapter was found"
+        );
+        return;
+    };
+    ndscope::random::seed(12);
+    let opts: [(&str, MakeOptimizer); 4] = [
+        ("sgd (momentum, nesterov, weight decay)", sgd_nesterov),
+        ("sgd (plain)", sgd_plain),
+        ("adam", adam),
+        ("adamw", adamw),
+    ];
+    for (name, make) in opts {
+        let m = NDManager::new_on(d);
+        let model = model(&m);
+        let mut opt = make(&model);
+        for (_, s) in opt.named_state() {
+            assert_eq!(
+                s.device(),
+                d,
+                "{name}: the state is made on the parameters' device"
+            );
+        }
+        let x = m.random_uniform(-1.0, 1.0, [32, 3], DType::F32);
+        let y = ndscope::scope(|| (x.get(":, 0:1") * x.get(":, 1:2")).keep());
+        let (mut host, mut device, mut buffers) = (Vec::new(), 0, 0);
+        for i in 0..45 {
+            {
+                let _s = NDScope::new();
+                let gc = GradientCollector::new();
+                gc.backward((model.forward(x) - y).square().mean()).unwrap();
+            }
+            let (h0, dev0) = (CountingAllocator::thread_allocations(), memory_on(d));
+            opt.step();
+            let dev1 = memory_on(d);
+            if i >= 5 {
+                host.push(CountingAllocator::thread_allocations() - h0);
+                device += dev1.allocations - dev0.allocations;
+                buffers += dev1.live_buffers.abs_diff(dev0.live_buffers);
+            }
+        }
+        assert_eq!(device, 0, "{name}: device buffers taken in 40 steady steps");
+        assert_eq!(buffers, 0, "{name}: device buffers taken or freed");
+        host.sort_unstable();
+        let median = host[host.len() / 2];
+        assert!(
+            median <= 3,
+            "{name}: host allocations per steady step, sorted: {host:?}"
+        );
+        opt.manager().close();
+        m.close();
+    }
+}

@@ -27,7 +27,8 @@ pub struct MemoryStats {
     /// is process-wide and belongs to no manager: [`memory`] reports it, a manager's
     /// statistics report 0.
     pub cached_bytes: usize,
-    /// Buffers allocated so far (monotonic).
+    /// Buffers allocated so far (monotonic; for a GPU in [`memory_on`], the buffers
+    /// its pool handed out, cached or new).
     pub allocations: u64,
 }
 
@@ -119,7 +120,7 @@ pub fn memory_on(device: Device) -> MemoryStats {
                 live_bytes: s.live_bytes,
                 peak_bytes: s.peak_bytes,
                 cached_bytes: s.cached_bytes,
-                ..MemoryStats::default()
+                allocations: s.allocations,
             }
         }
         #[cfg(not(feature = "gpu"))]

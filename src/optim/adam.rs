@@ -5,11 +5,14 @@ use super::kernel::Scalars;
 use super::kernel::{Update, update};
 use super::sgd::decayed;
 #[cfg(feature = "gpu")]
-use super::sgd::decayed_wgsl;
+#[cfg(feature = "gpu")]
+use super::sgd::{wd_name, write_decayed};
 use super::{Optimizer, State, check_finite};
 use crate::dtype::Float;
 use crate::error::{NdError, Result, unwrap};
 use crate::{NDArray, NDManager};
+#[cfg(feature = "gpu")]
+use std::fmt::Write;
 
 /// Hyper-parameters of [`Adam`] and [`AdamW`]; the defaults are PyTorch's `Adam`
 /// defaults (`lr` 1e-3, betas (0.9, 0.999), eps 1e-8, no weight decay). PyTorch's
@@ -68,12 +71,20 @@ impl Update for FirstMoment {
     }
 
     #[cfg(feature = "gpu")]
-    fn wgsl(&self, s: &mut Scalars) -> String {
-        let g = decayed_wgsl("x", "y", self.wd, s);
+    fn wgsl(&self, s: &mut Scalars, out: &mut String) {
+        let wd = wd_name(self.wd, s);
+        let g = |out: &mut String| write_decayed(out, "x", "y", wd);
         if self.weight < 0.5 {
-            format!("t + {} * ({g} - t)", s.push(self.weight))
+            let w = s.push(self.weight);
+            let _ = write!(out, "t + {w} * (");
+            g(out);
+            out.push_str(" - t)");
         } else {
-            format!("{g} - ({g} - t) * {}", s.push(1.0 - self.weight))
+            let c = s.push(1.0 - self.weight);
+            g(out);
+            out.push_str(" - (");
+            g(out);
+            let _ = write!(out, " - t) * {c}");
         }
     }
 }
@@ -94,10 +105,13 @@ impl Update for SecondMoment {
     }
 
     #[cfg(feature = "gpu")]
-    fn wgsl(&self, s: &mut Scalars) -> String {
-        let g = decayed_wgsl("x", "y", self.wd, s);
+    fn wgsl(&self, s: &mut Scalars, out: &mut String) {
+        let wd = wd_name(self.wd, s);
         let (b, c) = (s.push(self.beta2), s.push(1.0 - self.beta2));
-        format!("t * {b} + {c} * {g} * {g}")
+        let _ = write!(out, "t * {b} + {c} * ");
+        write_decayed(out, "x", "y", wd);
+        out.push_str(" * ");
+        write_decayed(out, "x", "y", wd);
     }
 }
 
@@ -125,18 +139,18 @@ impl Update for AdamParam {
     }
 
     #[cfg(feature = "gpu")]
-    fn wgsl(&self, s: &mut Scalars) -> String {
-        let p = if self.decay != 1.0 {
-            format!("t * {}", s.push(self.decay))
+    fn wgsl(&self, s: &mut Scalars, out: &mut String) {
+        if self.decay != 1.0 {
+            let _ = write!(out, "t * {}", s.push(self.decay));
         } else {
-            "t".into()
-        };
+            out.push('t');
+        }
         let (bc, eps, step) = (
             s.push(self.bc2_sqrt),
             s.push(self.eps),
             s.push(self.neg_step_size),
         );
-        format!("{p} + {step} * x / (sqrt(y) / {bc} + {eps})")
+        let _ = write!(out, " + {step} * x / (sqrt(y) / {bc} + {eps})");
     }
 }
 

@@ -19,27 +19,33 @@ pub(crate) trait Update {
     fn apply<T: Float>(&self, t: T, a: T, b: T) -> T;
 
     /// [`Update::apply`] as a WGSL expression over `t`, `x` (for `a`) and `y` (for
-    /// `b`), its constants named by [`Scalars::push`], in the same order of operations
-    /// (so the device rounds as the host does, up to fused multiply-adds).
+    /// `b`), written into `out` (empty), its constants named by [`Scalars::push`], in
+    /// the same order of operations (so the device rounds as the host does, up to fused
+    /// multiply-adds). `out` and `s` are reused from step to step, so writing the
+    /// expression allocates nothing once they have grown.
     #[cfg(feature = "gpu")]
-    fn wgsl(&self, s: &mut Scalars) -> String;
+    fn wgsl(&self, s: &mut Scalars, out: &mut String);
 }
 
 /// The constants of a WGSL update rule, in the order the kernel binds them.
 #[cfg(feature = "gpu")]
 #[derive(Default)]
-pub(crate) struct Scalars(pub(crate) smallvec::SmallVec<[f64; 4]>);
+pub(crate) struct Scalars(pub(crate) smallvec::SmallVec<[f64; 8]>);
 
 #[cfg(feature = "gpu")]
 impl Scalars {
     /// Bind `v` and return its name in the kernel (`s`, then `s1`, `s2`, ...).
-    pub(crate) fn push(&mut self, v: f64) -> String {
+    pub(crate) fn push(&mut self, v: f64) -> &'static str {
+        const NAMES: [&str; 8] = ["s", "s1", "s2", "s3", "s4", "s5", "s6", "s7"];
         self.0.push(v);
-        match self.0.len() {
-            1 => "s".into(),
-            n => format!("s{}", n - 1),
-        }
+        NAMES[self.0.len() - 1]
     }
+}
+
+#[cfg(feature = "gpu")]
+thread_local! {
+    /// The expression and scalars of the last device update on this thread, reused.
+    static WGSL: std::cell::RefCell<(String, Scalars)> = Default::default();
 }
 
 /// `t[i] = f(t[i], a[i], b[i])` over three arrays of one shape, each read through its
@@ -113,10 +119,13 @@ pub(crate) fn update(
         let [a, b] = o;
         #[cfg(feature = "gpu")]
         if t.dtype().is_float() {
-            let on_device = t.update_on_device(op, &[a, b], || {
-                let mut s = Scalars::default();
-                let expr = rule.wgsl(&mut s);
-                (expr, s.0)
+            let on_device = WGSL.with_borrow_mut(|(expr, s)| {
+                t.update_on_device(op, &[a, b], || {
+                    expr.clear();
+                    s.0.clear();
+                    rule.wgsl(s, expr);
+                    (expr.as_str(), &s.0[..])
+                })
             });
             if let Some(r) = on_device {
                 return r;

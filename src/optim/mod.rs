@@ -260,7 +260,8 @@ impl State {
     }
 
     fn named(&self, names: &[&str]) -> Vec<(String, NDArray)> {
-        debug_assert_eq!(names.len(), self.per);
+        // (Plain SGD keeps no state: `per` is 0 and there is nothing to name.)
+        debug_assert!(self.per == 0 || names.len() == self.per);
         let mut v = Vec::with_capacity(self.buffers.len());
         for (j, &b) in self.buffers.iter().enumerate() {
             v.push((format!("{}.{}", j / self.per, names[j % self.per]), b));

@@ -8,6 +8,8 @@ use super::{Optimizer, State, check_finite};
 use crate::dtype::Float;
 use crate::error::{NdError, Result};
 use crate::{NDArray, NDManager};
+#[cfg(feature = "gpu")]
+use std::fmt::Write;
 
 /// Hyper-parameters of [`Sgd`]; the defaults are PyTorch's (`lr` 1e-3, no momentum,
 /// no weight decay).
@@ -88,8 +90,9 @@ impl Update for BufInit {
     }
 
     #[cfg(feature = "gpu")]
-    fn wgsl(&self, s: &mut Scalars) -> String {
-        decayed_wgsl("x", "y", self.wd, s)
+    fn wgsl(&self, s: &mut Scalars, out: &mut String) {
+        let wd = wd_name(self.wd, s);
+        write_decayed(out, "x", "y", wd);
     }
 }
 
@@ -109,10 +112,11 @@ impl Update for Buf {
     }
 
     #[cfg(feature = "gpu")]
-    fn wgsl(&self, s: &mut Scalars) -> String {
-        let g = decayed_wgsl("x", "y", self.wd, s);
+    fn wgsl(&self, s: &mut Scalars, out: &mut String) {
+        let wd = wd_name(self.wd, s);
         let (m, d) = (s.push(self.momentum), s.push(self.one_minus_dampening));
-        format!("t * {m} + {d} * {g}")
+        let _ = write!(out, "t * {m} + {d} * ");
+        write_decayed(out, "x", "y", wd);
     }
 }
 
@@ -145,24 +149,37 @@ impl Update for Param {
     }
 
     #[cfg(feature = "gpu")]
-    fn wgsl(&self, s: &mut Scalars) -> String {
-        let g = decayed_wgsl("x", "t", self.wd, s);
-        let d = match self.kind {
-            Kind::Plain => g,
-            Kind::Momentum => "y".into(),
-            Kind::Nesterov => format!("({g} + {} * y)", s.push(self.momentum)),
-        };
-        format!("t + {} * {d}", s.push(-self.lr))
+    fn wgsl(&self, s: &mut Scalars, out: &mut String) {
+        let wd = wd_name(self.wd, s);
+        let momentum = (self.kind == Kind::Nesterov).then(|| s.push(self.momentum));
+        let _ = write!(out, "t + {} * ", s.push(-self.lr));
+        match (self.kind, momentum) {
+            (Kind::Momentum, _) => out.push('y'),
+            (Kind::Nesterov, Some(m)) => {
+                out.push('(');
+                write_decayed(out, "x", "t", wd);
+                let _ = write!(out, " + {m} * y)");
+            }
+            _ => write_decayed(out, "x", "t", wd),
+        }
     }
 }
 
-/// [`decayed`] in WGSL over the operands named `g` and `p`.
+/// The kernel's name for weight decay `wd` (bound once), or `None` when it is 0.
 #[cfg(feature = "gpu")]
-pub(super) fn decayed_wgsl(g: &str, p: &str, wd: f64, s: &mut Scalars) -> String {
-    if wd != 0.0 {
-        format!("({g} + {} * {p})", s.push(wd))
-    } else {
-        g.into()
+pub(super) fn wd_name(wd: f64, s: &mut Scalars) -> Option<&'static str> {
+    (wd != 0.0).then(|| s.push(wd))
+}
+
+/// [`decayed`] in WGSL over the operands named `g` and `p`, with `wd` the name of the
+/// weight decay ([`wd_name`]): `(g + wd * p)`, or `g`.
+#[cfg(feature = "gpu")]
+pub(super) fn write_decayed(out: &mut String, g: &str, p: &str, wd: Option<&str>) {
+    match wd {
+        Some(w) => {
+            let _ = write!(out, "({g} + {w} * {p})");
+        }
+        None => out.push_str(g),
     }
 }
 

@@ -84,38 +84,55 @@ pub(crate) fn assign_n(
     }
     let ty = wgsl_type(t.dtype);
     let tys: smallvec::SmallVec<[&str; 2]> = inputs.iter().map(|x| wgsl_type(x.dtype)).collect();
-    let key = format!("inplace {expr} {ty} {tys:?} {}", scalars.len());
-    let pipeline = ctx.pipeline(&key, (inputs.len(), 1), || {
-        let mut src = String::from("@group(0) @binding(0) var<storage, read> prm: array<i32>;\n");
-        for (k, xt) in tys.iter().enumerate() {
-            src += &format!(
-                "@group(0) @binding({}) var<storage, read> in{k}: array<{xt}>;\n",
-                k + 1
-            );
-        }
-        src += &format!(
-            "@group(0) @binding({}) var<storage, read_write> dst: array<{ty}>;\n",
-            1 + inputs.len()
+    // The pipeline's key, written into a reused string: an optimizer's steady step
+    // allocates nothing here.
+    thread_local!(static KEY: std::cell::RefCell<String> = Default::default());
+    let pipeline = KEY.with_borrow_mut(|key| {
+        use std::fmt::Write;
+        key.clear();
+        let _ = write!(
+            key,
+            "inplace {expr} {ty} {} {}",
+            scalars.len(),
+            inputs.len()
         );
-        src += INDEX_FN;
-        src += "
+        for t in &tys {
+            key.push(' ');
+            key.push_str(t);
+        }
+        ctx.pipeline(key, (inputs.len(), 1), || {
+            let mut src =
+                String::from("@group(0) @binding(0) var<storage, read> prm: array<i32>;\n");
+            for (k, xt) in tys.iter().enumerate() {
+                src += &format!(
+                    "@group(0) @binding({}) var<storage, read> in{k}: array<{xt}>;\n",
+                    k + 1
+                );
+            }
+            src += &format!(
+                "@group(0) @binding({}) var<storage, read_write> dst: array<{ty}>;\n",
+                1 + inputs.len()
+            );
+            src += INDEX_FN;
+            src += "
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w: vec3<u32>) {
     let i = g.x + g.y * w.x * 256u;
     if (i >= u32(prm[0])) { return; }
 ";
-        src += &format!(
-            "    let s = {};\n    let ti = at(i, 0u);\n    let t = dst[ti];\n",
-            scalar_wgsl(ty, 2)
-        );
-        for j in 1..scalars.len() {
-            src += &format!("    let s{j} = {};\n", scalar_wgsl(ty, extra + 2 * (j - 1)));
-        }
-        for (k, name) in ["x", "y"].iter().enumerate().take(inputs.len()) {
-            src += &format!("    let {name} = in{k}[at(i, {}u)];\n", k + 1);
-        }
-        src += &format!("    dst[ti] = {expr};\n}}\n");
-        src
+            src += &format!(
+                "    let s = {};\n    let ti = at(i, 0u);\n    let t = dst[ti];\n",
+                scalar_wgsl(ty, 2)
+            );
+            for j in 1..scalars.len() {
+                src += &format!("    let s{j} = {};\n", scalar_wgsl(ty, extra + 2 * (j - 1)));
+            }
+            for (k, name) in ["x", "y"].iter().enumerate().take(inputs.len()) {
+                src += &format!("    let {name} = in{k}[at(i, {}u)];\n", k + 1);
+            }
+            src += &format!("    dst[ti] = {expr};\n}}\n");
+            src
+        })
     });
     let groups = n.div_ceil(256);
     let gx = groups.min(65_535);

@@ -113,6 +113,10 @@ fn at(i: u32, k: u32) -> i32 {
 }
 ";
 
+/// A kernel's parameter words, inline up to 64 (three inputs and eight 64-bit
+/// scalars), so building them allocates nothing.
+pub(crate) type Params = SmallVec<[u32; 64]>;
+
 /// The parameter words of [`INDEX_FN`]: `n` elements over `shape`, input `k` read at
 /// `inputs[k].0 + sum(idx[d] * inputs[k].1[d])`, and a scalar's bits (words 2 and 3,
 /// see [`scalar_bits`]). `op` names the caller in the error for more than [`MAX_DIMS`]
@@ -123,7 +127,7 @@ pub(crate) fn index_params(
     shape: &Shape,
     inputs: &[(usize, &[isize])],
     scalar: u64,
-) -> Result<SmallVec<[u32; 40]>> {
+) -> Result<Params> {
     let nd = shape.ndim();
     if nd > MAX_DIMS {
         return Err(NdError::invalid(
@@ -134,7 +138,7 @@ pub(crate) fn index_params(
             ),
         ));
     }
-    let mut prm: SmallVec<[u32; 40]> = smallvec::smallvec![0; 12 + 9 * inputs.len()];
+    let mut prm: Params = smallvec::smallvec![0; 12 + 9 * inputs.len()];
     prm[0] = shape.size() as u32;
     prm[1] = nd as u32;
     prm[2] = scalar as u32;

@@ -223,6 +223,8 @@ struct Pool {
     live_buffers: usize,
     live_bytes: u64,
     peak_bytes: u64,
+    /// Buffers handed out so far, from the cache or new (monotonic).
+    allocations: u64,
 }
 
 /// The memory counters of one device's pool.
@@ -234,6 +236,8 @@ pub(crate) struct PoolStats {
     pub live_bytes: usize,
     pub peak_bytes: usize,
     pub cached_bytes: usize,
+    /// Buffers handed out so far (monotonic).
+    pub allocations: u64,
 }
 
 /// The open device `Device::Gpu(index)`, opening it on first use.
@@ -349,6 +353,7 @@ impl Ctx {
         };
         let mut p = self.pool.lock();
         p.live_buffers += 1;
+        p.allocations += 1;
         p.live_bytes += bytes;
         p.peak_bytes = p.peak_bytes.max(p.live_bytes);
         Ok(GpuBuffer {
@@ -421,6 +426,7 @@ impl Ctx {
             live_bytes: p.live_bytes as usize,
             peak_bytes: p.peak_bytes as usize,
             cached_bytes: p.cached_bytes as usize,
+            allocations: p.allocations,
         }
     }
 
@@ -812,6 +818,7 @@ pub(crate) fn totals() -> PoolStats {
             t.live_bytes += s.live_bytes;
             t.peak_bytes += s.peak_bytes;
             t.cached_bytes += s.cached_bytes;
+            t.allocations += s.allocations;
         }
     }
     t
