@@ -2,7 +2,9 @@
 //! freed when it completes, times out or panics, on whichever worker thread it ran.
 //!
 //! Run: `cargo run --release --example async_server` (`--quick` for CI: fewer and
-//! smaller waves; `--waves N`, `--requests N` to change the load).
+//! smaller waves; `--waves N`, `--requests N` to change the load; `--device gpu`,
+//! built with `--features gpu`, keeps the model on the first GPU and makes every
+//! request's arrays there).
 //!
 //! A small two-layer model (parameters in a long-lived manager) serves waves of
 //! concurrent requests. Each request is a `tokio::spawn`ed task wrapped in
@@ -13,13 +15,13 @@
 //! runs into its deadline (`tokio::time::timeout`): the dropped task's scope frees what
 //! it had made. One request per wave panics: its scope is freed too, and the server
 //! goes on. After each wave the live memory is back at its baseline (the model's
-//! parameters), which the example asserts.
+//! parameters), in the process and on the model's device, which the example asserts.
 //!
 //! Without `scope_async` an `NDScope` could not help here: a guard held across an
 //! `.await` would collect the arrays of whatever other task ran on the thread
 //! meanwhile, and close on the wrong thread.
 
-use ndscope::{DType, NDArray, NDManager};
+use ndscope::{DType, Device, NDArray, NDManager, memory_on};
 use std::time::{Duration, Instant};
 
 /// Input features, hidden units and classes of the model.
@@ -91,14 +93,32 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let params = NDManager::new();
+    let device = match args
+        .iter()
+        .position(|a| a == "--device")
+        .map(|i| args.get(i + 1))
+    {
+        None => Device::Cpu,
+        Some(Some(d)) if d == "cpu" => Device::Cpu,
+        Some(Some(d)) if d == "gpu" => ndscope::devices()
+            .into_iter()
+            .map(|d| d.device)
+            .find(|&d| d != Device::Cpu)
+            .unwrap_or_else(|| {
+                eprintln!("--device gpu: no GPU adapter (build with --features gpu)");
+                std::process::exit(1)
+            }),
+        Some(other) => panic!("--device is cpu or gpu, got {other:?}"),
+    };
+    // The model's manager: its arrays, and every request's (made from it), on `device`.
+    let params = NDManager::new_on(device);
     params.set_name("model");
     let w1 = params.random_normal(0.0, 0.1, [IN, HIDDEN], DType::F32);
     let w2 = params.random_normal(0.0, 0.1, [HIDDEN, CLASSES], DType::F32);
-    let baseline = ndscope::memory();
+    let (baseline, on_device) = (ndscope::memory(), memory_on(device));
     println!(
-        "model: {} arrays, {} bytes; {waves} waves of {requests} concurrent requests \
-         ({rows} rows each) on 4 workers",
+        "model on {device}: {} arrays, {} bytes; {waves} waves of {requests} concurrent \
+         requests ({rows} rows each) on 4 workers",
         baseline.live_arrays, baseline.live_bytes
     );
 
@@ -149,7 +169,7 @@ fn main() {
             .iter()
             .filter(|o| matches!(o, Outcome::Failed))
             .count();
-        let now = ndscope::memory();
+        let (now, now_on) = (ndscope::memory(), memory_on(device));
         println!(
             "wave {}: {served} served in {:.3} s ({:.0} requests/s), {timed_out} timed out, \
              {failed} failed; live after the wave: {} arrays, {} bytes",
@@ -168,6 +188,15 @@ fn main() {
             (now.live_arrays, now.live_bytes),
             (baseline.live_arrays, baseline.live_bytes),
             "live memory back at its baseline after the wave"
+        );
+        assert_eq!(
+            (now_on.live_arrays, now_on.live_buffers, now_on.live_bytes),
+            (
+                on_device.live_arrays,
+                on_device.live_buffers,
+                on_device.live_bytes
+            ),
+            "live memory on {device} back at its baseline after the wave"
         );
     }
     drop(runtime);

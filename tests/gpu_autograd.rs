@@ -777,3 +777,94 @@ fn a_model_and_its_optimizer_move_and_checkpoints_cross_devices() {
         "device memory back at its baseline"
     );
 }
+
+/// `var`, `std`, `logsumexp` and `norm` on the device against the CPU: over one axis,
+/// several, all, with kept dims, through a transposed view; their gradients; and the
+/// special lanes (constant, -inf, inf, NaN, empty) forward.
+#[test]
+fn statistics_match_the_cpu_forward_and_backward() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let base = memory_on(d).live_bytes;
+    grads_match(
+        "statistics",
+        d,
+        &[(vals(4 * 5 * 3, 70), vec![4, 5, 3])],
+        &[],
+        |p, _| {
+            let x = p[0];
+            let t = x.swap_axes(0, 2); // [3, 5, 4], read through strides
+            x.var_axes(&[1], false).sum()
+                + t.std_axes(&[0, 2], true).sum() * 2.0
+                + x.logsumexp_axes(&[2], false).sum()
+                + t.logsumexp().sum() * 0.5
+                + x.norm() * 3.0
+                + x.var().sum()
+        },
+    );
+    // Special lanes, forward: the device gives what the CPU gives.
+    let inf = f32::INFINITY;
+    let rows: [[f32; 4]; 6] = [
+        [1.0, 1.0, 1.0, 1.0],
+        [-inf, -inf, -inf, -inf],
+        [inf, 1.0, 2.0, 3.0],
+        [f32::NAN, 1.0, 2.0, 3.0],
+        [1e30, -1e30, 3e29, 0.0],
+        [0.0, 0.0, 0.0, 0.0],
+    ];
+    let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+    let (cm, gm) = (NDManager::new(), NDManager::new_on(d));
+    let (c, g) = (cm.create(&flat, [6, 4]), gm.create(&flat, [6, 4]));
+    // Each statistic's values, read back.
+    type Stat = fn(NDArray) -> Vec<f32>;
+    let stats: [(&str, Stat); 5] = [
+        ("var", |x| x.var_axes(&[1], false).to_vec().unwrap()),
+        ("std", |x| x.std_axes(&[1], true).to_vec().unwrap()),
+        ("logsumexp", |x| {
+            x.logsumexp_axes(&[1], false).to_vec().unwrap()
+        }),
+        ("norm of each row", |x| {
+            (0..6)
+                .map(|i| x.get(&i.to_string()).norm().to_scalar::<f32>().unwrap())
+                .collect()
+        }),
+        ("empty lanes", |x| {
+            x.get(":, 0:0")
+                .logsumexp_axes(&[1], false)
+                .to_vec()
+                .unwrap()
+        }),
+    ];
+    for (what, f) in stats {
+        let (want, got) = (f(c), f(g));
+        assert_eq!(want.len(), got.len(), "{what}");
+        for (i, (w, v)) in want.iter().zip(&got).enumerate() {
+            let same =
+                w == v || (w.is_nan() && v.is_nan()) || (w - v).abs() <= 1e-5 * (1.0 + w.abs());
+            assert!(same, "{what}[{i}]: gpu {v}, cpu {w}");
+        }
+    }
+    // F64 (where the adapter holds it): var, std and norm; logsumexp is F32 on a GPU.
+    if devices()
+        .iter()
+        .any(|i| i.device == d && i.dtypes.contains(&DType::F64))
+    {
+        let v: Vec<f64> = vals(12, 71).iter().map(|&x| x as f64 * 1e200).collect();
+        let (c, g) = (cm.create(&v, [3, 4]), gm.create(&v, [3, 4]));
+        let (w, x) = (
+            c.norm().to_scalar::<f64>().unwrap(),
+            g.norm().to_scalar::<f64>().unwrap(),
+        );
+        assert!((w - x).abs() <= 1e-12 * w, "f64 norm: gpu {x}, cpu {w}");
+        let (w, x) = (
+            c.std().to_scalar::<f64>().unwrap(),
+            g.std().to_scalar::<f64>().unwrap(),
+        );
+        assert!((w - x).abs() <= 1e-12 * w, "f64 std: gpu {x}, cpu {w}");
+        let e = g.try_logsumexp().unwrap_err();
+        assert!(matches!(e, ndscope::NdError::Unsupported { .. }), "{e}");
+    }
+    cm.close();
+    gm.close();
+    assert_eq!(memory_on(d).live_bytes, base);
+}

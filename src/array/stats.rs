@@ -106,13 +106,22 @@ fn stat_reduction(
     at: SourceLocation,
 ) -> Result<NDArray> {
     let name = stat.name();
-    let id = engine::run_op(name, &[x.id], at, |o| {
+    let id = engine::run_op_on(name, &[x.id], at, |o| {
         let a = &o[0];
         if !a.dtype.is_float() {
             return Err(engine::unsupported(name, a));
         }
         let axes = normalize_axes(name, a, axes)?;
         let shape = reduced_shape(a.shape(), &axes, keep_dims);
+        #[cfg(feature = "gpu")]
+        if let Some(ga) = a.gpu() {
+            use crate::backend::wgpu::stats;
+            let buf = match stat {
+                Stat::Var | Stat::Std => stats::var(name, ga, &axes, stat == Stat::Std)?,
+                Stat::LogSumExp => stats::logsumexp(name, ga, &axes)?,
+            };
+            return Ok(Output::device(buf, shape, a.dtype));
+        }
         let buf = dispatch_float!(a.dtype, T => {
             let v: Vec<T> = match stat {
                 Stat::Var | Stat::Std => {
@@ -260,8 +269,13 @@ fn l2_norm<T: Native>(a: &Operand<'_>) -> f64 {
 
 fn norm_impl(x: NDArray, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "norm";
-    let id = engine::run_op(OP, &[x.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id], at, |o| {
         let a = &o[0];
+        #[cfg(feature = "gpu")]
+        if let Some(ga) = a.gpu().filter(|_| a.dtype.is_float()) {
+            let buf = crate::backend::wgpu::stats::norm(OP, ga)?;
+            return Ok(Output::device(buf, Shape(Dims::new()), a.dtype));
+        }
         let buf = dispatch_float!(a.dtype, T => {
             let v = T::from_f64(l2_norm::<T>(a));
             new_overwritten::<T>(1, |out| out[0] = v)?

@@ -147,7 +147,9 @@ fn load_into_impl<S: AsRef<str>>(path: &Path, named: &[(S, NDArray)]) -> Result<
 /// shows). Handles, managers, scopes and gradients of the arrays are unchanged.
 ///
 /// All or nothing: the file must hold exactly the names of `named`, each with the
-/// array's dtype and shape; otherwise no array is changed. Not recorded for
+/// array's dtype and shape; otherwise no array is changed. An array on a GPU gets its
+/// values through a host copy uploaded in a scope (there, running out of device
+/// memory midway leaves the arrays before it written). Not recorded for
 /// autograd; while a `GradientCollector` records, loading into an array its tape
 /// depends on is an error. Panics on error (see [`try_load_into`]).
 #[track_caller]

@@ -43,6 +43,7 @@ pub(crate) mod math;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod rows;
+pub(crate) mod stats;
 
 use crate::DType;
 use crate::device::Device;
