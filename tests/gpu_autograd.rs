@@ -868,3 +868,59 @@ fn statistics_match_the_cpu_forward_and_backward() {
     gm.close();
     assert_eq!(memory_on(d).live_bytes, base);
 }
+
+/// Dropout and `masked_fill` on the device: dropout's mask is drawn on the host, so a
+/// seed gives the CPU's result and gradient exactly; `masked_fill` with a broadcast
+/// mask, its gradient, and its refusals (a mask that is not Bool, one that does not
+/// broadcast) with the CPU's messages and nothing left on the device.
+#[test]
+fn dropout_and_masked_fill_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let base = memory_on(d).live_bytes;
+    let mut out = Vec::new();
+    for dev in [Device::Cpu, d] {
+        let m = NDManager::new_on(dev);
+        let x = m.create(&vals(6 * 7, 80), [6, 7]);
+        x.set_requires_gradient(true);
+        let mask = m.create(&[true, false, false, true, false, true, true], [7]);
+        ndscope::random::seed(5);
+        let gc = GradientCollector::new();
+        let y = x.dropout(0.3, true) * 2.0 + x.masked_fill(mask, -5.0) * x;
+        gc.backward(y.sum()).unwrap();
+        drop(gc);
+        let (y, g) = (
+            y.to_device(Device::Cpu),
+            x.gradient().to_device(Device::Cpu),
+        );
+        let errors: Vec<String> = [
+            x.try_masked_fill(m.create(&[1.0f32; 7], [7]), 0.0),
+            x.try_masked_fill(m.create(&[true; 6], [6]), 0.0),
+        ]
+        .into_iter()
+        .map(|r| r.unwrap_err().to_string())
+        .collect();
+        out.push((m, y, g, errors));
+    }
+    close("dropout + masked_fill", out[1].1, out[0].1, 1e-6);
+    close("their gradient", out[1].2, out[0].2, 1e-6);
+    for (c, g) in out[0].3.iter().zip(&out[1].3) {
+        // The same error, the device named where the CPU's says cpu (array ids differ).
+        let no_ids = |s: &str| {
+            let mut out = String::new();
+            let mut skip = false;
+            for ch in s.chars() {
+                skip = (skip && ch.is_ascii_digit()) || ch == '#';
+                if !skip || ch == '#' {
+                    out.push(ch);
+                }
+            }
+            out
+        };
+        assert_eq!(no_ids(&g.replace(&d.to_string(), "cpu")), no_ids(c));
+    }
+    for (m, ..) in out {
+        m.close();
+    }
+    assert_eq!(memory_on(d).live_bytes, base);
+}

@@ -63,11 +63,24 @@ fn dropout_impl(x: NDArray, p: f64, training: bool, at: SourceLocation) -> Resul
     // (its backward reads it); otherwise, and on error, it is freed right here.
     let scope = NDScope::new();
     let result = (|| {
+        // Drawn on the host whatever the device, so a seed gives the same mask on
+        // every device; made on x's device (its manager's may differ).
         let mask = x
             .try_manager()?
             .bernoulli_at(OP, 1.0 - p, x.try_shape()?, at)?;
-        let id = engine::run_op(OP, &[x.id, mask.id], at, |o| {
+        mask.try_move_to_device(x.try_device()?)?;
+        let id = engine::run_op_on(OP, &[x.id, mask.id], at, |o| {
             let (a, m) = (&o[0], &o[1]);
+            #[cfg(feature = "gpu")]
+            if let (Some(ga), Some(gm)) = (a.gpu(), m.gpu()) {
+                let zero = if a.dtype == crate::DType::F32 {
+                    "0.0"
+                } else {
+                    "f64(0)"
+                };
+                let buf = crate::backend::wgpu::math::masked(OP, ga, gm, (zero, "x * s"), scale)?;
+                return Ok(Output::device(buf, a.shape().clone(), a.dtype));
+            }
             let bits = m.data::<u8>();
             let bits = &bits[m.layout.offset..m.layout.offset + m.layout.size()];
             let buf = dispatch_float!(a.dtype, T => new_overwritten::<T>(a.layout.size(), |out| {

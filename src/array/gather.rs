@@ -458,7 +458,7 @@ impl Backward for BooleanMaskRule {
 
 fn masked_fill_impl(x: NDArray, mask: NDArray, value: f64, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "masked_fill";
-    let id = engine::run_op(OP, &[x.id, mask.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id, mask.id], at, |o| {
         let (a, m) = (&o[0], &o[1]);
         if m.dtype != DType::Bool {
             return Err(engine::unsupported(OP, m));
@@ -469,6 +469,12 @@ fn masked_fill_impl(x: NDArray, mask: NDArray, value: f64, at: SourceLocation) -
                 lhs: a.desc(),
                 rhs: m.desc(),
             });
+        }
+        #[cfg(feature = "gpu")]
+        if let (Some(ga), Some(gm)) = (a.gpu(), m.gpu()) {
+            dispatch!(a.dtype, T => { let _: T = fill_value(OP, value, a.dtype)?; });
+            let buf = crate::backend::wgpu::math::masked(OP, ga, gm, ("x", "s"), value)?;
+            return Ok(Output::device(buf, a.shape().clone(), a.dtype));
         }
         let buf = dispatch!(a.dtype, T => {
             let v: T = fill_value(OP, value, a.dtype)?;

@@ -146,3 +146,19 @@ pub(crate) fn backward(
         s,
     )
 }
+
+/// `unset` where the Bool `mask` (broadcast to `a`'s shape) is not set, `set` where it
+/// is: WGSL over `x` (`a`'s element) and `s` (`scalar` in `a`'s dtype).
+/// `masked_fill` is `("x", "s")`, dropout's forward `("0", "x * s")` (the mask keeps).
+pub(crate) fn masked(
+    op: &'static str,
+    a: View<'_>,
+    mask: View<'_>,
+    (unset, set): (&str, &str),
+    scalar: f64,
+) -> Result<GpuBuffer> {
+    let s = scalar_bits(scalar, a.dtype);
+    let shape = a.layout.shape.clone();
+    let expr = format!("select({unset}, {set}, y != 0u)");
+    elementwise_with(op, &[a, mask], &shape, a.dtype, "", &expr, s)
+}
