@@ -924,3 +924,89 @@ fn dropout_and_masked_fill_match_the_cpu() {
     }
     assert_eq!(memory_on(d).live_bytes, base);
 }
+
+/// The rules whose gradient makes constants (std's and norm's zero guards, logsumexp,
+/// prod, clip, get, masked_fill, dropout) make them beside the data: an array moved to
+/// the device keeps its CPU manager, and its gradients still run on the device and
+/// match the CPU's. Also `prod` (with zeros, and integers that wrap) and `clip` (with
+/// NaN, and integer bounds) forward on the device.
+#[test]
+fn rule_constants_follow_a_moved_array_to_its_device() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let base = memory_on(d).live_bytes;
+    let mut v = vals(4 * 6, 90);
+    v[7] = 0.0; // prod's gradient at a zero
+    let mut out = Vec::new();
+    for dev in [Device::Cpu, d] {
+        let m = NDManager::new(); // on the CPU, whatever `dev`
+        let x = m.create(&v, [4, 6]);
+        x.move_to_device(dev);
+        x.set_requires_gradient(true);
+        let mask = m.create(&[false, true, false, false, true, false], [6]);
+        mask.move_to_device(dev);
+        ndscope::random::seed(9);
+        let gc = GradientCollector::new();
+        let y = x.std_axes(&[1], false).sum()
+            + x.norm()
+            + x.logsumexp_axes(&[0], false).sum()
+            + x.prod_axes(&[1], false).sum()
+            + x.clip(-0.5, 0.7).sum()
+            + x.get("1:3, ::2").sum() * 3.0
+            + (x.masked_fill(mask, 2.0) * x).sum()
+            + x.dropout(0.5, true).sum();
+        gc.backward(y).unwrap();
+        drop(gc);
+        assert_eq!(x.gradient().device(), dev);
+        let g = x.gradient().to_device(Device::Cpu);
+        out.push((m, g));
+    }
+    close("gradient of a moved array", out[1].1, out[0].1, 1e-4);
+    for (m, _) in out {
+        m.close();
+    }
+    // prod and clip forward, exactly where the arithmetic is exact.
+    let (cm, gm) = (NDManager::new(), NDManager::new_on(d));
+    let ints: Vec<i32> = (0..12).map(|i| i * 7919 - 40_000).collect();
+    let bytes: Vec<u8> = (0..12).map(|i| (i * 37 + 3) as u8).collect();
+    let floats = [1.5f32, -2.0, f32::NAN, 0.25, 3.0, -0.0];
+    for (c, g) in [
+        (cm.create(&ints, [3, 4]), gm.create(&ints, [3, 4])),
+        (cm.create(&bytes, [3, 4]), gm.create(&bytes, [3, 4])),
+    ] {
+        for f in [
+            |a: NDArray| a.prod_axes(&[1], false),
+            |a: NDArray| a.prod(),
+            |a: NDArray| a.clip(-30_000.5, 100.7),
+        ] {
+            let (want, got) = (
+                f(c).to_dtype(DType::I64),
+                f(g).to_device(Device::Cpu).to_dtype(DType::I64),
+            );
+            assert_eq!(
+                got.to_vec::<i64>().unwrap(),
+                want.to_vec::<i64>().unwrap(),
+                "{}",
+                c.dtype()
+            );
+        }
+    }
+    let (c, g) = (cm.create(&floats, [6]), gm.create(&floats, [6]));
+    let (want, got) = (
+        c.clip(-1.0, 2.0).to_vec::<f32>().unwrap(),
+        g.clip(-1.0, 2.0).to_vec::<f32>().unwrap(),
+    );
+    for (w, x) in want.iter().zip(&got) {
+        assert!(
+            w == x || (w.is_nan() && x.is_nan()),
+            "clip: gpu {x}, cpu {w}"
+        );
+    }
+    assert!(
+        g.prod().to_scalar::<f32>().unwrap().is_nan(),
+        "NaN propagates"
+    );
+    cm.close();
+    gm.close();
+    assert_eq!(memory_on(d).live_bytes, base);
+}

@@ -12,6 +12,10 @@ use ndscope::{CountingAllocator, DType, GradientCollector, NDManager, NDScope};
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
 
+/// The tests run one at a time: another test's arrays could drain the process's shared
+/// block cache meanwhile, and this thread's refill from the system would be counted.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Train `model` with `opt` for `warmup` steps, then count the heap allocations of
 /// `steps` more optimizer steps (with gradient clipping, `zero_grad` and a schedule
 /// update; the forward and backward passes are not counted).
@@ -103,6 +107,7 @@ fn adamw(model: &Sequential) -> Box<dyn Optimizer> {
 
 #[test]
 fn optimizer_steps_do_not_allocate() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     ndscope::random::seed(11);
     let m = NDManager::new();
     let opts: [(&str, MakeOptimizer); 4] = [
@@ -145,6 +150,7 @@ fn optimizer_steps_do_not_allocate() {
 #[test]
 fn optimizer_steps_on_a_gpu_take_no_buffer_and_allocate_little() {
     use ndscope::{Device, memory_on};
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(d) = ndscope::devices()
         .into_iter()
         .map(|d| d.device)

@@ -119,7 +119,7 @@ impl Backward for DropoutRule {
         smallvec![self.mask]
     }
     fn backward(&self, _: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
-        let zero = g.try_manager()?.try_zeros([], g.try_dtype()?)?;
+        let zero = crate::array::grad::zero_like(g)?;
         let mask = NDArray { id: self.mask };
         Ok(smallvec![Some(
             mask.try_where_(g.try_mul(self.scale)?, zero)?

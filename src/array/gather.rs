@@ -80,9 +80,9 @@ fn checked_shape(op: &'static str, dims: Dims) -> Result<(Shape, usize)> {
     Ok((shape, n))
 }
 
-/// A 0-d zero of `g`'s dtype in `g`'s manager.
+/// A 0-d zero of `g`'s dtype beside `g`.
 fn zero_of(g: NDArray) -> Result<NDArray> {
-    g.try_manager()?.try_zeros([], g.try_dtype()?)
+    crate::array::grad::zero_like(g)
 }
 
 fn axis_of(axis: isize, ndim: usize) -> usize {
@@ -268,9 +268,7 @@ impl Backward for GatherRule {
         (0b10, false)
     }
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
-        let z = g
-            .try_manager()?
-            .try_zeros(cx.shapes[0].clone(), g.try_dtype()?)?;
+        let z = crate::array::grad::full_beside(g, cx.shapes[0].clone(), 0.0)?;
         Ok(smallvec![
             Some(z.try_scatter_add(self.axis, cx.input(1), g)?),
             None
@@ -449,6 +447,7 @@ impl Backward for BooleanMaskRule {
             .filter_map(|(p, b)| b.then_some(p as i64))
             .collect();
         let positions = g.try_manager()?.try_create(&rows, [rows.len()])?;
+        positions.try_move_to_device(g.try_device()?)?; // beside g
         let mut dims: Dims = smallvec![xs.dims()[..k].iter().product()];
         dims.extend_from_slice(&xs.dims()[k..]);
         let gx = index_add(Shape(dims), 0, positions, g, Location::caller())?;

@@ -45,10 +45,17 @@ pub(crate) fn unbroadcast(g: NDArray, shape: &Shape) -> Result<NDArray> {
     }
 }
 
-/// A 0-d zero of `g`'s dtype (for `where_`).
+/// A 0-d zero of `g`'s dtype (for `where_`), beside `g`.
 pub(crate) fn zero_like(g: NDArray) -> Result<NDArray> {
+    full_beside(g, Shape(Dims::new()), 0.0)
+}
+
+/// An array of `shape` holding `v` in `like`'s dtype, beside `like`: in its manager
+/// and on its device. A rule's constants are made this way, not by `like`'s manager,
+/// whose device may differ (an array copied or moved to a GPU keeps its manager).
+pub(crate) fn full_beside(like: NDArray, shape: Shape, v: f64) -> Result<NDArray> {
     let at = std::panic::Location::caller();
-    let id = crate::engine::full_beside(g.id, Shape(Dims::new()), 0.0, g.try_dtype()?, at)?;
+    let id = crate::engine::full_beside(like.id, shape, v, like.try_dtype()?, at)?;
     Ok(NDArray { id })
 }
 

@@ -378,9 +378,7 @@ impl Backward for GetRule {
         (0, false)
     }
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
-        let z = g
-            .try_manager()?
-            .try_zeros(cx.shapes[0].clone(), g.try_dtype()?)?;
+        let z = crate::array::grad::full_beside(g, cx.shapes[0].clone(), 0.0)?;
         z.try_set(&self.0, g)?;
         Ok([Some(z)].into_iter().collect())
     }

@@ -6,6 +6,7 @@
 //! one pairwise, 8-lane, multi-threaded [`cpu::sum_row`] call.
 
 use super::NDArray;
+use super::grad::full_beside;
 use crate::DType;
 use crate::autograd::{self, Backward, BackwardCtx, Base, Grads, LazyGrad, LazyGrads, via_arrays};
 use crate::backend::cpu;
@@ -170,12 +171,7 @@ fn reduction(
                 Red::Mean => Reduce::Mean,
                 Red::Max => Reduce::Max,
                 Red::Min => Reduce::Min,
-                Red::Prod => {
-                    return Err(NdError::Unsupported {
-                        op: name,
-                        device: a.device(),
-                    });
-                }
+                Red::Prod => Reduce::Prod,
             };
             let (buf, dtype) = reduce(name, kind, ga, &axes)?;
             return Ok(Output::device(buf, shape, dtype));
@@ -500,9 +496,8 @@ fn prod_others(x: NDArray, axes: &Option<SmallVec<[isize; 4]>>, ks: &Shape) -> R
     let nd = x.try_shape()?.ndim();
     let axes = axes_all(axes, nd);
     let dtype = x.try_dtype()?;
-    let m = x.try_manager()?;
-    let one = m.try_ones(Shape(Dims::new()), dtype)?;
-    let zero = m.try_zeros(Shape(Dims::new()), dtype)?;
+    let one = full_beside(x, Shape(Dims::new()), 1.0)?;
+    let zero = full_beside(x, Shape(Dims::new()), 0.0)?;
     let is_zero = x.try_eq(0.0)?;
     let zeros = is_zero.try_to_dtype(dtype)?.try_sum_axes(&axes, true)?;
     let safe = is_zero.try_where_(one, x)?;

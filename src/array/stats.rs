@@ -3,6 +3,7 @@
 //! gradient rule beside it.
 
 use super::NDArray;
+use super::grad::{full_beside, zero_like};
 use super::reduce::{normalize_axes, normalize_axis, reduced_shape};
 use crate::DType;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
@@ -157,10 +158,7 @@ fn stat_reduction(
 
 /// `g` where `cond`, else 0.
 fn or_zero(cond: NDArray, g: NDArray) -> Result<NDArray> {
-    let zero = g
-        .try_manager()?
-        .try_zeros(Shape(Dims::new()), g.try_dtype()?)?;
-    cond.try_where_(g, zero)
+    cond.try_where_(g, zero_like(g)?)
 }
 
 /// The gradients of var, std and logsumexp (`y` the output, `n` the lane length):
@@ -202,10 +200,8 @@ impl Backward for StatRule {
                 // The softmax weights exp(x - max) / sum(exp(x - max)), recomputed:
                 // exp(x - y) would carry y's rounding error, |y| * eps, into every
                 // weight (0.5 + 3e-14 for x = [1000, 1000]).
-                let dtype = x.try_dtype()?;
-                let m = x.try_manager()?;
                 if cx.shapes[0].size() == 0 {
-                    return Ok(smallvec![Some(m.try_zeros(cx.shapes[0].clone(), dtype)?)]);
+                    return Ok(smallvec![Some(full_beside(x, cx.shapes[0].clone(), 0.0)?)]);
                 }
                 let mx = x.try_max_axes(&axes, true)?;
                 // A lane of -inf (or +inf) is shifted by 0 instead: no inf - inf.
@@ -213,7 +209,7 @@ impl Backward for StatRule {
                 let e = x.try_sub(shift)?.try_exp()?;
                 let sum = e.try_sum_axes(&axes, true)?;
                 // A lane of -inf sums to 0: its weights are 0, not 0/0.
-                let one = m.try_ones(Shape(Dims::new()), dtype)?;
+                let one = full_beside(x, Shape(Dims::new()), 1.0)?;
                 let sum = sum.try_gt(0.0)?.try_where_(sum, one)?;
                 e.try_mul(gk.try_div(sum)?)?
             }

@@ -64,7 +64,7 @@ fn one_hot_impl(x: NDArray, depth: usize, dtype: DType, at: SourceLocation) -> R
 
 fn clip_impl(x: NDArray, min: f64, max: f64, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "clip";
-    let id = engine::run_op(OP, &[x.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id], at, |o| {
         let a = &o[0];
         if a.dtype == DType::Bool {
             return Err(engine::unsupported(OP, a));
@@ -86,6 +86,11 @@ fn clip_impl(x: NDArray, min: f64, max: f64, at: SourceLocation) -> Result<NDArr
                 OP,
                 format!("no {} value lies in [{min}, {max}]", a.dtype),
             ));
+        }
+        #[cfg(feature = "gpu")]
+        if let Some(ga) = a.gpu() {
+            let buf = crate::backend::wgpu::math::clip(ga, lo, hi)?;
+            return Ok(Output::device(buf, a.shape().clone(), a.dtype));
         }
         let buf = dispatch!(a.dtype, T => {
             let (lo, hi) = (T::from_f64(lo), T::from_f64(hi));
@@ -116,7 +121,7 @@ impl Backward for ClipRule {
     }
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
         let x = cx.input(0);
-        let zero = g.try_manager()?.try_zeros([], g.try_dtype()?)?;
+        let zero = zero_like(g)?;
         let below_max = x.try_le(self.max)?.try_where_(g, zero)?;
         Ok(smallvec![Some(
             x.try_ge(self.min)?.try_where_(below_max, zero)?

@@ -162,3 +162,32 @@ pub(crate) fn masked(
     let expr = format!("select({unset}, {set}, y != 0u)");
     elementwise_with(op, &[a, mask], &shape, a.dtype, "", &expr, s)
 }
+
+/// `a` clamped to `[lo, hi]` (bounds already in range of `a`'s dtype; NaN stays NaN,
+/// as the CPU's `max_of`/`min_of`), in two passes.
+pub(crate) fn clip(a: View<'_>, lo: f64, hi: f64) -> Result<GpuBuffer> {
+    use crate::opkind::BinOp;
+    let (t, shape) = (a.dtype, a.layout.shape.clone());
+    let bound = |op: BinOp, f: &str| {
+        super::kernels::binop_expr(op, t, "x", "s")
+            .filter(|_| t.is_float())
+            .unwrap_or_else(|| format!("{f}(x, s)"))
+    };
+    let low = elementwise_with(
+        "clip",
+        &[a],
+        &shape,
+        t,
+        "",
+        &bound(BinOp::Maximum, "max"),
+        scalar_bits(lo, t),
+    )?;
+    let l = crate::layout::Layout::contiguous(shape.clone());
+    let lv = View {
+        buf: &low,
+        layout: &l,
+        dtype: t,
+    };
+    let expr = bound(BinOp::Minimum, "min");
+    elementwise_with("clip", &[lv], &shape, t, "", &expr, scalar_bits(hi, t))
+}

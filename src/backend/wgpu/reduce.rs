@@ -22,6 +22,8 @@ use crate::opkind::BinOp;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Reduce {
     Sum,
+    /// The product (integers wrap, U8 modulo 256); an empty one is 1.
+    Prod,
     Mean,
     Max,
     Min,
@@ -134,6 +136,8 @@ pub(crate) fn reduce(
     let (comb, fin) = match kind {
         Reduce::Sum if a.dtype == DType::U8 => ("acc + v".to_string(), "acc & 255u"),
         Reduce::Sum => ("acc + v".into(), "acc"),
+        Reduce::Prod if a.dtype == DType::U8 => ("acc * v".into(), "acc & 255u"),
+        Reduce::Prod => ("acc * v".into(), "acc"),
         Reduce::Mean => ("acc + v".into(), "acc / f(n_red)"),
         // NaN propagates (the CPU's max_of/min_of): `binop_expr` knows how; U8 and
         // Bool, which have no arithmetic there, are plain u32.
@@ -146,9 +150,10 @@ pub(crate) fn reduce(
             "acc",
         ),
     };
-    // Sums start at 0; max and min at the reduction's first element (which exists:
-    // the caller refused empty ones).
+    // Sums start at 0, products at 1; max and min at the reduction's first element
+    // (which exists: the caller refused empty ones).
     let first = matches!(kind, Reduce::Max | Reduce::Min);
+    let init = if kind == Reduce::Prod { "f(1)" } else { "f(0)" };
     let key = format!("reduce {kind:?} {t}");
     let kernel = ctx.pipeline(&key, (1, 1), || {
         format!(
@@ -159,7 +164,7 @@ var<workgroup> part: array<f, 256>;
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) w: vec3<u32>, @builtin(local_invocation_index) l: u32) {{
     let o = wg.x + wg.y * w.x;
     let n_red = u32(prm[1]);
-    var acc = f(0);
+    var acc = {init};
     if (o < u32(prm[0])) {{
         let base = prm[2] + walk(o, u32(prm[3]), 8u);
         if ({first}) {{
