@@ -1010,3 +1010,43 @@ fn rule_constants_follow_a_moved_array_to_its_device() {
     gm.close();
     assert_eq!(memory_on(d).live_bytes, base);
 }
+
+/// `cumsum` on the device: along each axis, through a transposed view, integers that
+/// wrap (U8 modulo 256), and its gradient (the sum in the other direction).
+#[test]
+fn cumsum_matches_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    grads_match(
+        "cumsum",
+        d,
+        &[(vals(3 * 4 * 5, 95), vec![3, 4, 5])],
+        &[(vals(3 * 4 * 5, 96), vec![3, 4, 5])],
+        |p, w| {
+            let t = p[0].swap_axes(0, 2);
+            // (The gradient is the reverse cumulative sum, on the device too.)
+            (p[0].cumsum(1) * w[0]).sum()
+                + (p[0].cumsum(-1) * w[0]).sum()
+                + (t.cumsum(0) * w[0].swap_axes(0, 2)).sum()
+        },
+    );
+    let (cm, gm) = (NDManager::new(), NDManager::new_on(d));
+    let bytes: Vec<u8> = (0..24).map(|i| (i * 53 + 7) as u8).collect();
+    let ints: Vec<i32> = (0..24).map(|i: i32| i.wrapping_mul(400_000_000)).collect();
+    for (c, g) in [
+        (cm.create(&bytes, [4, 6]), gm.create(&bytes, [4, 6])),
+        (cm.create(&ints, [4, 6]), gm.create(&ints, [4, 6])),
+    ] {
+        for axis in [0, 1, -2] {
+            let f = |a: NDArray| {
+                let y = a.cumsum(axis).to_dtype(DType::I64);
+                y.to_device(Device::Cpu).to_vec::<i64>().unwrap()
+            };
+            assert_eq!(f(g), f(c), "{} axis {axis}", c.dtype());
+            let (gt, ct) = (g.transpose().cumsum(axis), c.transpose().cumsum(axis));
+            assert_eq!(f(gt), f(ct), "{} transposed, axis {axis}", c.dtype());
+        }
+    }
+    cm.close();
+    gm.close();
+}

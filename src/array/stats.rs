@@ -306,12 +306,17 @@ impl Backward for NormRule {
 
 fn cumsum_impl(x: NDArray, axis: isize, reverse: bool, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "cumsum";
-    let id = engine::run_op(OP, &[x.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id], at, |o| {
         let a = &o[0];
         if a.dtype == DType::Bool {
             return Err(engine::unsupported(OP, a));
         }
         let ax = normalize_axis(OP, a, axis)?;
+        #[cfg(feature = "gpu")]
+        if let Some(ga) = a.gpu() {
+            let buf = crate::backend::wgpu::stats::cumsum(OP, ga, ax, reverse)?;
+            return Ok(Output::device(buf, a.shape().clone(), a.dtype));
+        }
         let buf = dispatch!(a.dtype, T => cpu::reduce::cumsum::<T>(a.into(), ax, reverse)?);
         Ok(Output::New {
             buf,

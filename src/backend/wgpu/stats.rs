@@ -206,3 +206,90 @@ pub(crate) fn norm(op: &'static str, a: View<'_>) -> Result<GpuBuffer> {
     let expr = format!("select(y * sqrt(x), y, y == {t}(0) || {big})");
     elementwise_with(op, &[sv, mv1], &one, a.dtype, "", &expr, 0)
 }
+
+/// The cumulative sum of `a` along `axis` (`reverse`: from the end), in `a`'s dtype
+/// (integers wrap, U8 modulo 256), into a contiguous buffer of `a`'s shape. One thread
+/// per lane walks it in order, so the sums are the CPU's sequential ones; a single
+/// long lane is one thread's work (a parallel scan is left for later).
+pub(crate) fn cumsum(
+    op: &'static str,
+    a: View<'_>,
+    axis: usize,
+    reverse: bool,
+) -> Result<GpuBuffer> {
+    use super::kernels::{MAX_DIMS, grid, out_buffer};
+    use crate::error::NdError;
+    let ctx = a.buf.ctx();
+    let t = a.dtype;
+    if t == DType::Bool {
+        return Err(unsupported(op, ctx));
+    }
+    let dims = a.layout.shape.dims();
+    let n = a.layout.shape.size();
+    let dst = out_buffer(ctx, n, t, op)?;
+    if n == 0 {
+        return Ok(dst);
+    }
+    let keep: Vec<usize> = (0..dims.len()).filter(|&d| d != axis).collect();
+    if keep.len() > MAX_DIMS {
+        return Err(NdError::invalid(
+            op,
+            format!("at most {MAX_DIMS} dimensions on {}", ctx.device_id()),
+        ));
+    }
+    // [lanes, len, off, nk, stride_in, stride_out, 0, 0, keep shape[8], keep strides
+    // in[8], keep strides out[8]]
+    let out_strides = a.layout.shape.contiguous_strides();
+    let mut prm = [0u32; 32];
+    let lanes = n / dims[axis];
+    prm[0] = lanes as u32;
+    prm[1] = dims[axis] as u32;
+    prm[2] = a.layout.offset as u32;
+    prm[3] = keep.len() as u32;
+    prm[4] = a.layout.strides[axis] as i32 as u32;
+    prm[5] = out_strides[axis] as u32;
+    for (j, &d) in keep.iter().enumerate() {
+        prm[8 + j] = dims[d] as u32;
+        prm[16 + j] = a.layout.strides[d] as i32 as u32;
+        prm[24 + j] = out_strides[d] as u32;
+    }
+    let w = wgsl_type(t);
+    let wrap = if t == DType::U8 { " & 255u" } else { "" };
+    let pipeline = ctx.pipeline(&format!("cumsum {w} {wrap}"), (1, 1), || {
+        format!(
+            "@group(0) @binding(0) var<storage, read> prm: array<i32>;
+@group(0) @binding(1) var<storage, read> src: array<{w}>;
+@group(0) @binding(2) var<storage, read_write> dst: array<{w}>;
+fn walk(i: u32, strides: u32) -> i32 {{
+    var rem = i;
+    var idx = 0;
+    let nd = u32(prm[3]);
+    for (var j = 0u; j < nd; j++) {{
+        let d = nd - 1u - j;
+        let s = u32(prm[8u + d]);
+        idx += i32(rem % s) * prm[strides + d];
+        rem = rem / s;
+    }}
+    return idx;
+}}
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
+    let o = g.x + g.y * nw.x * 256u;
+    if (o >= u32(prm[0])) {{ return; }}
+    let len = u32(prm[1]);
+    let ib = prm[2] + walk(o, 16u);
+    let ob = walk(o, 24u);
+    var acc = {w}(0);
+    for (var k = 0u; k < len; k++) {{
+        let r = select(k, len - 1u - k, prm[6] != 0);
+        acc = (acc + src[ib + i32(r) * prm[4]]){wrap};
+        dst[ob + i32(r) * prm[5]] = acc;
+    }}
+}}
+"
+        )
+    });
+    prm[6] = u32::from(reverse);
+    ctx.launch(pipeline, &prm, &[a.buf], &[&dst], grid(lanes));
+    Ok(dst)
+}
