@@ -304,10 +304,10 @@ fn devices_do_not_mix_and_missing_kernels_say_so() {
         }
         e => panic!("expected DeviceMismatch, got {e}"),
     }
-    // An op with no kernel on a GPU yet (tril).
-    let e = g.reshape([1, 2]).try_tril(0).unwrap_err();
+    // An op with no kernel on a GPU yet (repeat).
+    let e = g.try_repeat(2, 0).unwrap_err();
     assert!(
-        matches!(e, NdError::Unsupported { op: "tril", device } if device == d),
+        matches!(e, NdError::Unsupported { op: "repeat", device } if device == d),
         "{e}"
     );
     assert!(e.to_string().contains(&d.to_string()), "{e}");

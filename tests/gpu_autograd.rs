@@ -1050,3 +1050,37 @@ fn cumsum_matches_the_cpu() {
     cm.close();
     gm.close();
 }
+
+/// `tril` and `triu` on the device: offsets inside, at and beyond the matrix, batches
+/// of matrices, a transposed view, integers, and the gradient (the same triangle).
+#[test]
+fn tril_and_triu_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    grads_match(
+        "tril/triu",
+        d,
+        &[(vals(2 * 3 * 4, 97), vec![2, 3, 4])],
+        &[(vals(2 * 3 * 4, 98), vec![2, 3, 4])],
+        |p, w| {
+            (p[0].tril(0) * w[0]).sum()
+                + (p[0].triu(1) * w[0]).sum()
+                + (p[0].swap_axes(1, 2).tril(-1) * w[0].swap_axes(1, 2)).sum()
+        },
+    );
+    let (cm, gm) = (NDManager::new(), NDManager::new_on(d));
+    let ints: Vec<i32> = (1..=20).collect();
+    let (c, g) = (cm.create(&ints, [4, 5]), gm.create(&ints, [4, 5]));
+    for k in [-5i64, -1, 0, 2, 4, 99, i64::MIN, i64::MAX] {
+        for lower in [true, false] {
+            let f = |a: NDArray| if lower { a.tril(k) } else { a.triu(k) };
+            assert_eq!(
+                f(g).to_vec::<i32>().unwrap(),
+                f(c).to_vec::<i32>().unwrap(),
+                "k {k} lower {lower}"
+            );
+        }
+    }
+    cm.close();
+    gm.close();
+}

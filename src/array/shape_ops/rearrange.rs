@@ -394,7 +394,7 @@ impl Backward for FlipRule {
 
 fn tri(x: NDArray, k: i64, lower: bool, at: SourceLocation) -> Result<NDArray> {
     let op = if lower { "tril" } else { "triu" };
-    let id = engine::run_op(op, &[x.id], at, |o| {
+    let id = engine::run_op_on(op, &[x.id], at, |o| {
         let a = &o[0];
         if a.shape().ndim() < 2 {
             return Err(NdError::shape(
@@ -404,6 +404,11 @@ fn tri(x: NDArray, k: i64, lower: bool, at: SourceLocation) -> Result<NDArray> {
                     a.desc()
                 ),
             ));
+        }
+        #[cfg(feature = "gpu")]
+        if let Some(ga) = a.gpu() {
+            let buf = crate::backend::wgpu::math::tri(ga, k, lower)?;
+            return Ok(Output::device(buf, a.shape().clone(), a.dtype));
         }
         let n = a.layout.size();
         let buf = dispatch!(a.dtype, T => new_overwritten::<T>(n, |out| {

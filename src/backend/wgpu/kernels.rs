@@ -169,7 +169,7 @@ fn elementwise(
 }
 
 /// [`elementwise`] with WGSL functions `funcs` that `expr` may call (the same names
-/// must always mean the same functions: the pipeline is cached by `expr`).
+/// must always mean the same functions: the pipeline is cached by the op and `expr`).
 pub(crate) fn elementwise_with(
     op: &'static str,
     inputs: &[View<'_>],
@@ -196,7 +196,9 @@ pub(crate) fn elementwise_with(
         return Ok(dst);
     }
     let ts: Vec<&str> = inputs.iter().map(|v| wgsl_type(v.dtype)).collect();
-    let key = format!("ew {expr} {ts:?} {}", wgsl_type(out));
+    // (The kernel is a function of the op, `expr` and the types: an op's `funcs` is
+    // fixed, or follows from `expr`.)
+    let key = format!("ew {op} {expr} {ts:?} {}", wgsl_type(out));
     let pipeline = ctx.pipeline(&key, (inputs.len(), 1), || {
         let mut src = String::from("@group(0) @binding(0) var<storage, read> prm: array<i32>;\n");
         let names = ["x", "y", "z"];

@@ -191,3 +191,24 @@ pub(crate) fn clip(a: View<'_>, lo: f64, hi: f64) -> Result<GpuBuffer> {
     let expr = bound(BinOp::Minimum, "min");
     elementwise_with("clip", &[lv], &shape, t, "", &expr, scalar_bits(hi, t))
 }
+
+/// `tril` (`lower`) or `triu` of `a` (at least 2-D) with diagonal offset `k`: the
+/// elements with `col - row <= k` (`>= k` for `triu`) of each matrix of the last two
+/// axes, zeros elsewhere, into a contiguous buffer. `k` travels in the scalar's words
+/// (clamped to `i32`, beyond which every matrix is whole or empty alike).
+pub(crate) fn tri(a: View<'_>, k: i64, lower: bool) -> Result<GpuBuffer> {
+    let (t, shape) = (a.dtype, a.layout.shape.clone());
+    let op = if lower { "tril" } else { "triu" };
+    let k = k.clamp(i64::from(i32::MIN) + 1, i64::from(i32::MAX) - 1) as i32;
+    let cmp = if lower { "<=" } else { ">=" };
+    // `col - row` of output element `i`.
+    const FUNCS: &str = "fn tri_diag(i: u32) -> i32 {
+    let nd = u32(prm[1]);
+    let cols = u32(prm[4u + nd - 1u]);
+    let rows = u32(prm[4u + nd - 2u]);
+    return i32(i % cols) - i32((i / cols) % rows);
+}
+";
+    let expr = format!("select({}(0), x, tri_diag(i) {cmp} prm[2])", wgsl_type(t));
+    elementwise_with(op, &[a], &shape, t, FUNCS, &expr, u64::from(k as u32))
+}
