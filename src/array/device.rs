@@ -1,5 +1,6 @@
-//! Moving arrays between devices: `to_device` (a copy) and `move_to_device` (in place). (The ops with a GPU kernel wrap its
-//! buffer with the engine's `Output::device`.)
+//! Moving arrays between devices: `to_device` (a copy) and `move_to_device` (in
+//! place). (The ops with a GPU kernel wrap its buffer with the engine's
+//! `Output::device`.)
 //!
 //! A copy between devices is explicit, one per call, and owned like any op's result
 //! (rule 1). Its gradient is the output gradient moved back to the input's device.

@@ -172,7 +172,9 @@ impl NDArray {
         /// in a build without the `gpu` feature), `UnsupportedDTypeOn`, `OutOfMemory`,
         /// `InvalidArgument` (a view shares the array's data, so it would be left
         /// behind; or a gradient tape being recorded depends on the array). Nothing
-        /// changes on an error.
+        /// changes on an error, except when the gradient cannot follow (out of memory
+        /// on the device): the array has moved and its gradient has not (move it with
+        /// `gradient().move_to_device(..)`).
         pub fn try_move_to_device(self, device: Device) -> () {
             crate::adapters::check(device)?;
             device::move_to_device(self, device)
