@@ -50,34 +50,48 @@ fn row_stats(l: u32, live: bool, ib: i32, stride: i32, len: u32) -> vec2<f32> {
 }
 ";
 
-/// Softmax (`log`: log-softmax) of F32 `a` along `axis`, into a contiguous buffer of
-/// `a`'s shape: `exp(x - max) / sum(exp(x - max))`, or `x - max - ln(sum(..))`. One
-/// workgroup per row (every index but `axis`): its threads find the row's maximum, then
-/// the sum of exponentials, in workgroup memory, then write the row.
-pub(crate) fn softmax(op: &'static str, a: View<'_>, axis: usize, log: bool) -> Result<GpuBuffer> {
-    let ctx = a.buf.ctx();
-    if a.dtype != DType::F32 {
-        return Err(unsupported(op, ctx));
+/// WGSL: `walk(i, strides)`, the offset of lane `i` (row-major over the kept
+/// dimensions, [`lane_params`]' words 8..16) through the strides at word `strides` (16:
+/// the input's, 24: the contiguous output's).
+pub(crate) const LANE_WALK: &str = "
+fn walk(i: u32, strides: u32) -> i32 {
+    var rem = i;
+    var idx = 0;
+    let nd = u32(prm[3]);
+    for (var j = 0u; j < nd; j++) {
+        let d = nd - 1u - j;
+        let s = u32(prm[8u + d]);
+        idx += i32(rem % s) * prm[strides + d];
+        rem = rem / s;
     }
+    return idx;
+}
+";
+
+/// The parameter words of a kernel over the lanes of `a` along `axis` (every index but
+/// `axis`), and the number of lanes: `[lanes, len, off, nk, stride_in, stride_out, 0, 0,
+/// kept shape[8], kept strides in[8], kept strides out[8]]`, the output contiguous in
+/// `a`'s shape. Words 6 and 7 are the caller's. `a` is not empty.
+pub(crate) fn lane_params(
+    op: &'static str,
+    a: &View<'_>,
+    axis: usize,
+) -> Result<([u32; 32], usize)> {
     let dims = a.layout.shape.dims();
-    let n = a.layout.shape.size();
-    let dst = out_buffer(ctx, n, DType::F32, op)?;
-    if n == 0 {
-        return Ok(dst);
-    }
-    // [rows, len, off, nk, stride_in, stride_out, 0, 0, keep shape[8], keep strides in
-    // [8], keep strides out[8]]
-    let out_strides = a.layout.shape.contiguous_strides();
-    let mut prm = vec![0u32; 32];
     let keep: Vec<usize> = (0..dims.len()).filter(|&d| d != axis).collect();
     if keep.len() > MAX_DIMS {
         return Err(NdError::invalid(
             op,
-            format!("at most {MAX_DIMS} dimensions on {}", ctx.device_id()),
+            format!(
+                "at most {MAX_DIMS} dimensions on {}",
+                a.buf.ctx().device_id()
+            ),
         ));
     }
-    let rows = n / dims[axis];
-    prm[0] = rows as u32;
+    let out_strides = a.layout.shape.contiguous_strides();
+    let mut prm = [0u32; 32];
+    let lanes = a.layout.shape.size() / dims[axis];
+    prm[0] = lanes as u32;
     prm[1] = dims[axis] as u32;
     prm[2] = a.layout.offset as u32;
     prm[3] = keep.len() as u32;
@@ -88,6 +102,24 @@ pub(crate) fn softmax(op: &'static str, a: View<'_>, axis: usize, log: bool) -> 
         prm[16 + j] = a.layout.strides[d] as i32 as u32;
         prm[24 + j] = out_strides[d] as u32;
     }
+    Ok((prm, lanes))
+}
+
+/// Softmax (`log`: log-softmax) of F32 `a` along `axis`, into a contiguous buffer of
+/// `a`'s shape: `exp(x - max) / sum(exp(x - max))`, or `x - max - ln(sum(..))`. One
+/// workgroup per row (every index but `axis`): its threads find the row's maximum, then
+/// the sum of exponentials, in workgroup memory, then write the row.
+pub(crate) fn softmax(op: &'static str, a: View<'_>, axis: usize, log: bool) -> Result<GpuBuffer> {
+    let ctx = a.buf.ctx();
+    if a.dtype != DType::F32 {
+        return Err(unsupported(op, ctx));
+    }
+    let n = a.layout.shape.size();
+    let dst = out_buffer(ctx, n, DType::F32, op)?;
+    if n == 0 {
+        return Ok(dst);
+    }
+    let (prm, rows) = lane_params(op, &a, axis)?;
     let write = if log {
         "v - mx - log(tot)"
     } else {
@@ -100,18 +132,7 @@ pub(crate) fn softmax(op: &'static str, a: View<'_>, axis: usize, log: bool) -> 
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 var<workgroup> part: array<f32, 256>;
 {ROW_STATS}
-fn walk(i: u32, strides: u32) -> i32 {{
-    var rem = i;
-    var idx = 0;
-    let nd = u32(prm[3]);
-    for (var j = 0u; j < nd; j++) {{
-        let d = nd - 1u - j;
-        let s = u32(prm[8u + d]);
-        idx += i32(rem % s) * prm[strides + d];
-        rem = rem / s;
-    }}
-    return idx;
-}}
+{LANE_WALK}
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) w: vec3<u32>, @builtin(local_invocation_index) l: u32) {{
     let o = wg.x + wg.y * w.x;

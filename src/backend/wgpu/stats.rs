@@ -217,42 +217,19 @@ pub(crate) fn cumsum(
     axis: usize,
     reverse: bool,
 ) -> Result<GpuBuffer> {
-    use super::kernels::{MAX_DIMS, grid, out_buffer};
-    use crate::error::NdError;
+    use super::kernels::{grid, out_buffer};
+    use super::rows::{LANE_WALK, lane_params};
     let ctx = a.buf.ctx();
     let t = a.dtype;
     if t == DType::Bool {
         return Err(unsupported(op, ctx));
     }
-    let dims = a.layout.shape.dims();
     let n = a.layout.shape.size();
     let dst = out_buffer(ctx, n, t, op)?;
     if n == 0 {
         return Ok(dst);
     }
-    let keep: Vec<usize> = (0..dims.len()).filter(|&d| d != axis).collect();
-    if keep.len() > MAX_DIMS {
-        return Err(NdError::invalid(
-            op,
-            format!("at most {MAX_DIMS} dimensions on {}", ctx.device_id()),
-        ));
-    }
-    // [lanes, len, off, nk, stride_in, stride_out, 0, 0, keep shape[8], keep strides
-    // in[8], keep strides out[8]]
-    let out_strides = a.layout.shape.contiguous_strides();
-    let mut prm = [0u32; 32];
-    let lanes = n / dims[axis];
-    prm[0] = lanes as u32;
-    prm[1] = dims[axis] as u32;
-    prm[2] = a.layout.offset as u32;
-    prm[3] = keep.len() as u32;
-    prm[4] = a.layout.strides[axis] as i32 as u32;
-    prm[5] = out_strides[axis] as u32;
-    for (j, &d) in keep.iter().enumerate() {
-        prm[8 + j] = dims[d] as u32;
-        prm[16 + j] = a.layout.strides[d] as i32 as u32;
-        prm[24 + j] = out_strides[d] as u32;
-    }
+    let (mut prm, lanes) = lane_params(op, &a, axis)?;
     let w = wgsl_type(t);
     let wrap = if t == DType::U8 { " & 255u" } else { "" };
     let pipeline = ctx.pipeline(&format!("cumsum {w} {wrap}"), (1, 1), || {
@@ -260,18 +237,7 @@ pub(crate) fn cumsum(
             "@group(0) @binding(0) var<storage, read> prm: array<i32>;
 @group(0) @binding(1) var<storage, read> src: array<{w}>;
 @group(0) @binding(2) var<storage, read_write> dst: array<{w}>;
-fn walk(i: u32, strides: u32) -> i32 {{
-    var rem = i;
-    var idx = 0;
-    let nd = u32(prm[3]);
-    for (var j = 0u; j < nd; j++) {{
-        let d = nd - 1u - j;
-        let s = u32(prm[8u + d]);
-        idx += i32(rem % s) * prm[strides + d];
-        rem = rem / s;
-    }}
-    return idx;
-}}
+{LANE_WALK}
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
     let o = g.x + g.y * nw.x * 256u;
