@@ -304,10 +304,10 @@ fn devices_do_not_mix_and_missing_kernels_say_so() {
         }
         e => panic!("expected DeviceMismatch, got {e}"),
     }
-    // An op with no kernel on a GPU yet (repeat).
-    let e = g.try_repeat(2, 0).unwrap_err();
+    // An op with no kernel on a GPU yet (any).
+    let e = g.try_any().unwrap_err();
     assert!(
-        matches!(e, NdError::Unsupported { op: "repeat", device } if device == d),
+        matches!(e, NdError::Unsupported { op: "any", device } if device == d),
         "{e}"
     );
     assert!(e.to_string().contains(&d.to_string()), "{e}");
@@ -878,4 +878,43 @@ fn more_unary_math_and_gradients_match_the_cpu() {
     let e = i.to_device(d).try_erf().unwrap_err();
     assert!(matches!(e, NdError::UnsupportedDType { .. }), "{e}");
     m.close();
+}
+
+/// U8 arithmetic wraps modulo 256 on the device as on the CPU, and integer division
+/// by zero gives 0 there too (`i32::MIN / -1` wraps).
+#[test]
+fn u8_arithmetic_and_integer_division_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let (cm, gm) = (NDManager::new(), NDManager::new_on(d));
+    let p: Vec<u8> = (0..16).map(|i| (i * 41 + 200) as u8).collect();
+    let q: Vec<u8> = (0..16).map(|i| (i * 13) as u8).collect();
+    let f = |m: &NDManager| {
+        let (a, b) = (m.create(&p, [4, 4]), m.create(&q, [4, 4]));
+        [
+            a + b,
+            a - b,
+            a * b,
+            a / b,
+            a * 3,
+            250 - a,
+            a.transpose() / 7,
+        ]
+        .map(|r| r.to_vec::<u8>().unwrap())
+    };
+    assert_eq!(f(&gm), f(&cm));
+    let ints = [i32::MIN, -7, -1, 0, 1, 7, i32::MAX, 5];
+    let divs = [-1i32, 2, 0, 3, 0, -2, 1, -5];
+    let g = |m: &NDManager| {
+        let (a, b) = (m.create(&ints, [8]), m.create(&divs, [8]));
+        let wide = a.to_dtype(DType::I64) / b.to_dtype(DType::I64);
+        (
+            (a / b).to_vec::<i32>().unwrap(),
+            (a / 0).to_vec::<i32>().unwrap(),
+            wide.to_vec::<i64>().unwrap(),
+        )
+    };
+    assert_eq!(g(&gm), g(&cm));
+    cm.close();
+    gm.close();
 }

@@ -1084,3 +1084,246 @@ fn tril_and_triu_match_the_cpu() {
     cm.close();
     gm.close();
 }
+
+/// The ops that move elements by index or copy them into a new layout, on the device:
+/// `index_select`, `gather`, `scatter_add`, `take`, `boolean_mask`, `embedding`,
+/// `repeat`, `tile`, `pad`, `concat`, `stack` and `broadcast_to`, forward and every
+/// gradient (the scatters among them: repeated indices add up in the CPU's order), over
+/// transposed and stepped views, with device index arrays of three dtypes.
+#[test]
+fn indexing_and_copies_match_the_cpu_forward_and_backward() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let base = memory_on(d).live_bytes;
+    grads_match(
+        "indexing",
+        d,
+        &[
+            (vals(4 * 5, 110), vec![4, 5]),
+            (vals(6 * 3, 111), vec![6, 3]),
+        ],
+        &[
+            (vals(4 * 5, 112), vec![4, 5]),
+            (vals(8 * 7, 113), vec![8, 7]),
+        ],
+        |p, w| {
+            let (x, t, m) = (p[0], p[1], p[0].manager());
+            let ids = m.create(&[3i64, 0, 3, 1], [4]);
+            let rows = m.create(&[2u8, 5, 2, 2, 0, 1], [2, 3]);
+            let cols = m.create(&[4i32, 0, 1, 1, 2, 2, 3, 0], [4, 2]);
+            let flat = m.create(&[19i64, 0, 19, 7], [2, 2]);
+            let mask = m.create(&[true, false, true, true], [4]);
+            let xt = x.transpose(); // [5, 4] through strides
+            let sq = |a: NDArray| (a * a).sum();
+            (x.index_select(0, ids) * w[0]).sum()
+                + sq(xt.index_select(1, ids))
+                + sq(x
+                    .get("::-1, ::2")
+                    .index_select(1, m.create(&[2i32, 2], [2])))
+                + sq(x.gather(1, cols))
+                + sq(x.scatter_add(1, cols, x.get(":, 1:3") * 3.0))
+                + sq(x.take(flat))
+                + sq(xt.take(flat))
+                + sq(x.boolean_mask(mask))
+                + sq(t.embedding(rows))
+                + sq(t.get("::2").embedding(ids.get("1:2")))
+                + sq(x.repeat(2, 1))
+                + sq(xt.repeat(3, 0))
+                + (x.tile(&[2, 1, 1]).sum_axes(&[0], false) * w[0]).sum()
+                + sq(xt.pad(&[(1, 0), (0, 2)], 0.5))
+                + (NDArray::concat(&[x, x * 2.0, xt.transpose()], 1).pad(&[(2, 2), (0, 0)], 0.0)
+                    * w[1].tile(&[1, 3]).get(":, 0:15"))
+                .sum()
+                + sq(NDArray::stack(&[x, x.get("::-1")], 1))
+                + sq(t.get("0").broadcast_to([4, 3]))
+        },
+    );
+    // Integer, U8 and Bool arrays are copied exactly.
+    let (cm, gm) = (NDManager::new(), NDManager::new_on(d));
+    let ints: Vec<i32> = (0..12).map(|i: i32| i.wrapping_mul(700_000_001)).collect();
+    let bytes: Vec<u8> = (0..12).map(|i| (i * 37 + 3) as u8).collect();
+    let bools: Vec<bool> = (0..12).map(|i| i % 3 == 1).collect();
+    let pairs = [
+        (cm.create(&ints, [3, 4]), gm.create(&ints, [3, 4])),
+        (cm.create(&bytes, [3, 4]), gm.create(&bytes, [3, 4])),
+        (cm.create(&bools, [3, 4]), gm.create(&bools, [3, 4])),
+    ];
+    for (c, g) in pairs {
+        let f = |a: NDArray| {
+            let m = a.manager();
+            let ix = m.create(&[2i64, 0, 2], [3]);
+            let parts = [
+                a.index_select(1, ix),
+                a.take(ix),
+                a.gather(0, m.create(&[2i64, 1, 0, 0], [1, 4])),
+                a.boolean_mask(m.create(&[true, false, true], [3])),
+                a.repeat(2, 0).transpose(),
+                a.tile(&[2, 2]),
+                a.pad(&[(1, 1), (0, 1)], 1.0),
+                NDArray::concat(&[a, a.get("::-1")], 0),
+                NDArray::stack(&[a, a], 0),
+                a.get("0").broadcast_to([2, 4]),
+            ];
+            parts
+                .iter()
+                .map(|p| {
+                    let v = p.to_dtype(DType::I64).to_device(Device::Cpu);
+                    (p.shape(), v.to_vec::<i64>().unwrap())
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(f(g), f(c), "{}", c.dtype());
+        if c.dtype() != DType::Bool {
+            let add = |a: NDArray| {
+                let m = a.manager();
+                let ix = m.create(&[1i64, 1, 1, 0], [1, 4]);
+                let v = a.scatter_add(0, ix, a.get("0:1") * 200);
+                v.to_dtype(DType::I64)
+                    .to_device(Device::Cpu)
+                    .to_vec::<i64>()
+                    .unwrap()
+            };
+            assert_eq!(add(g), add(c), "scatter_add {}", c.dtype());
+        }
+    }
+    cm.close();
+    gm.close();
+    assert_eq!(memory_on(d).live_bytes, base);
+}
+
+/// An error's message without the arrays' identities (`#id` and where each was
+/// created), which differ between the CPU's arrays and the device's.
+fn gist(e: &ndscope::NdError) -> String {
+    let (mut out, mut rest) = (String::new(), e.to_string());
+    while let Some(i) = rest.find(" (created at ") {
+        out += &rest[..i];
+        let j = rest[i..].find(')').map_or(rest.len(), |j| i + j + 1);
+        rest = rest[j..].to_string();
+    }
+    out += &rest;
+    out.split(' ')
+        .filter(|w| !(w.starts_with('#') && w[1..].chars().all(|c| c.is_ascii_digit())))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Hostile index arrays and masks on the device get the CPU's typed errors, word for
+/// word but the arrays' identities, and leave nothing allocated on either side.
+#[test]
+fn bad_indices_on_the_device_are_refused_as_on_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let (cm, gm) = (NDManager::new(), NDManager::new_on(d));
+    let x = vals(12, 120);
+    let (c, g) = (cm.create(&x, [3, 4]), gm.create(&x, [3, 4]));
+    type Bad = fn(NDArray) -> ndscope::NdError;
+    let cases: [(&str, Bad); 12] = [
+        ("index past the axis", |a| {
+            let ix = a.manager().create(&[0i64, 4], [2]);
+            a.try_index_select(1, ix).unwrap_err()
+        }),
+        ("negative index", |a| {
+            let ix = a.manager().create(&[-1i32], [1]);
+            a.try_index_select(0, ix).unwrap_err()
+        }),
+        ("float indices", |a| {
+            let ix = a.manager().create(&[0.0f32], [1]);
+            a.try_take(ix).unwrap_err()
+        }),
+        ("take past the end", |a| {
+            let ix = a.manager().create(&[12i64], [1]);
+            a.try_take(ix).unwrap_err()
+        }),
+        ("gather index", |a| {
+            let ix = a.manager().create(&[0i64, 9], [1, 2]);
+            a.try_gather(1, ix).unwrap_err()
+        }),
+        ("gather shape", |a| {
+            let ix = a.manager().create(&[0i64, 1], [2]);
+            a.try_gather(1, ix).unwrap_err()
+        }),
+        ("scatter index", |a| {
+            let ix = a.manager().create(&[5u8], [1, 1]);
+            a.try_scatter_add(0, ix, a).unwrap_err()
+        }),
+        ("mask dtype", |a| {
+            let mk = a.manager().create(&[1i32, 0, 1], [3]);
+            a.try_boolean_mask(mk).unwrap_err()
+        }),
+        ("mask shape", |a| {
+            let mk = a.manager().create(&[true, false], [2]);
+            a.try_boolean_mask(mk).unwrap_err()
+        }),
+        ("embedding id", |a| {
+            let ix = a.manager().create(&[3i64], [1]);
+            a.try_embedding(ix).unwrap_err()
+        }),
+        ("concat shapes", |a| {
+            NDArray::try_concat(&[a, a.get(":, 0:2")], 0).unwrap_err()
+        }),
+        ("pad widths", |a| a.try_pad(&[(1, 1)], 0.0).unwrap_err()),
+    ];
+    for (what, f) in cases {
+        let (c0, g0) = (memory_on(Device::Cpu).live_bytes, memory_on(d).live_bytes);
+        let (ec, eg) = (f(c), f(g));
+        assert_eq!(gist(&eg), gist(&ec), "{what}");
+        assert_eq!(
+            std::mem::discriminant(&eg),
+            std::mem::discriminant(&ec),
+            "{what}"
+        );
+        // The index array made for the case is the only thing left, on each side.
+        let (c1, g1) = (memory_on(Device::Cpu).live_bytes, memory_on(d).live_bytes);
+        assert!(
+            c1 - c0 <= 64 && g1 - g0 <= 64,
+            "{what}: {c0}->{c1}, {g0}->{g1}"
+        );
+    }
+    // An index array on the other device is a DeviceMismatch.
+    let e = g.try_take(cm.create(&[0i64], [1])).unwrap_err();
+    assert!(matches!(e, ndscope::NdError::DeviceMismatch { .. }), "{e}");
+    cm.close();
+    gm.close();
+}
+
+/// Logical ops, `one_hot` and `stop_gradient` on the device.
+#[test]
+fn logical_ops_one_hot_and_stop_gradient_run_on_the_device() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let (cm, gm) = (NDManager::new(), NDManager::new_on(d));
+    let p: Vec<bool> = (0..12).map(|i| i % 2 == 0).collect();
+    let q: Vec<bool> = (0..4).map(|i| i % 3 == 0).collect();
+    let out = |m: &NDManager| {
+        let (a, b) = (m.create(&p, [3, 4]), m.create(&q, [4]));
+        let rs = [
+            a.logical_and(b),
+            a.logical_or(b),
+            a.transpose().logical_xor(a.transpose().get("::-1")),
+            a.logical_not(),
+        ];
+        let hot = m.create(&[2i64, 0, 3], [3]).one_hot(4, DType::F32);
+        let ids = m.create(&[1u8, 1], [2, 1]).one_hot(3, DType::I32);
+        let y = m.create(&[1.0f32, 2.0], [2]).stop_gradient();
+        assert_eq!(y.device(), m.create(&[0.0f32], [1]).device());
+        (
+            rs.map(|r| (r.device(), r.to_vec::<bool>().unwrap())),
+            hot.to_vec::<f32>().unwrap(),
+            ids.to_vec::<i32>().unwrap(),
+            y.to_vec::<f32>().unwrap(),
+        )
+    };
+    let (c, g) = (out(&cm), out(&gm));
+    for (i, (rc, rg)) in c.0.iter().zip(&g.0).enumerate() {
+        assert_eq!((rc.0, rg.0), (Device::Cpu, d), "logical {i}");
+        assert_eq!(rg.1, rc.1, "logical {i}");
+    }
+    assert_eq!((g.1, g.2, g.3), (c.1, c.2, c.3));
+    let e = gm
+        .create(&[4i64], [1])
+        .try_one_hot(4, DType::F32)
+        .unwrap_err();
+    assert!(e.to_string().contains("class index 4"), "{e}");
+    cm.close();
+    gm.close();
+}

@@ -11,6 +11,11 @@
 //! The kernels are plain functions over slices and a
 //! [`Layout`](crate::layout::Layout), in [`crate::backend::cpu::gather`]; the ops here
 //! validate everything before allocating, so a failing `try_*` creates nothing.
+//!
+//! On a GPU these ops give the CPU's results and the CPU's errors: the index array (or
+//! mask) is read back to be checked, which waits for the device's queued work, and the
+//! device then moves the elements by a map the host computes with the same kernels
+//! ([`crate::backend::wgpu::gather`]; scatters add in the CPU's order).
 
 use super::NDArray;
 use super::axis::normalize_axis;
@@ -40,11 +45,46 @@ use crate::backend::cpu::gather::index_select_kernel;
 fn index_values(op: &'static str, ix: &Operand<'_>) -> Result<Vec<i64>> {
     match ix.dtype {
         DType::F32 | DType::F64 | DType::Bool => Err(engine::unsupported(op, ix)),
-        _ => Ok(dispatch!(ix.dtype, T => cpu::to_vec::<T>(ix)
-            .into_iter()
-            .map(Native::to_i64)
-            .collect())),
+        _ => engine::host_copy(ix, |h| {
+            dispatch!(h.dtype, T => cpu::to_vec::<T>(h)
+                .into_iter()
+                .map(Native::to_i64)
+                .collect())
+        }),
     }
+}
+
+/// The result of a gather whose input `a` lives on a GPU, `None` on the host: element
+/// `i` of the `shape` result is `a`'s buffer element that `kernel` (the CPU's kernel,
+/// run over buffer positions) puts at `i` ([`crate::backend::wgpu::gather`]).
+pub(crate) fn picked_on_device(
+    op: &'static str,
+    a: &Operand<'_>,
+    shape: &Shape,
+    kernel: impl FnOnce(&[u32], &mut [u32]),
+) -> Result<Option<Output>> {
+    #[cfg(feature = "gpu")]
+    if let Some(g) = a.gpu() {
+        use crate::backend::wgpu::gather::{buffer_len, pick, positions};
+        let map = positions(buffer_len(&g), shape.size(), kernel)?;
+        let buf = pick(op, g, &map)?;
+        return Ok(Some(Output::device(buf, shape.clone(), a.dtype)));
+    }
+    let _ = (op, a, shape, kernel);
+    Ok(None)
+}
+
+/// The buffer positions of `layout`'s elements in row-major order.
+#[cfg(feature = "gpu")]
+pub(crate) fn row_major_positions(layout: &crate::layout::Layout) -> Vec<u32> {
+    let mut out = Vec::with_capacity(layout.size());
+    crate::backend::cpu::copy::for_each_offset(
+        layout.shape.dims(),
+        &layout.strides,
+        layout.offset as isize,
+        |o| out.push(o as u32),
+    );
+    out
 }
 
 /// Indices of `ix`, each checked to lie in `0..bound` (`what` names the bound in the
@@ -102,7 +142,7 @@ fn index_select_impl(
     at: SourceLocation,
 ) -> Result<NDArray> {
     const OP: &str = "index_select";
-    let id = engine::run_op(OP, &[x.id, indices.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id, indices.id], at, |o| {
         let (a, ix) = (&o[0], &o[1]);
         let dims = a.shape().dims();
         let ax = normalize_axis(OP, axis, dims.len(), a)?;
@@ -111,6 +151,11 @@ fn index_select_impl(
         out.extend_from_slice(ix.shape().dims());
         out.extend_from_slice(&dims[ax + 1..]);
         let (shape, n) = checked_shape(OP, out)?;
+        if let Some(out) = picked_on_device(OP, a, &shape, |ids, out| {
+            index_select_kernel(ids, a.layout, ax, &idx, out)
+        })? {
+            return Ok(out);
+        }
         let buf = dispatch!(a.dtype, T => new_overwritten::<T>(n, |out| {
             index_select_kernel(a.data::<T>(), a.layout, ax, &idx, out)
         }))?;
@@ -135,7 +180,7 @@ pub(crate) fn index_add(
     at: SourceLocation,
 ) -> Result<NDArray> {
     const OP: &str = "index_add";
-    let id = engine::run_op(OP, &[src.id, indices.id], at, |o| {
+    let id = engine::run_op_on(OP, &[src.id, indices.id], at, |o| {
         let (s, ix) = (&o[0], &o[1]);
         let dims = shape.dims();
         let idx = valid_indices(OP, s, ix, dims[axis], &format!("axis {axis}"))?;
@@ -150,6 +195,22 @@ pub(crate) fn index_add(
                     idx.len()
                 ),
             ));
+        }
+        #[cfg(feature = "gpu")]
+        if let Some(gs) = s.gpu() {
+            // Source element (o, j, i) goes to (o, idx[j], i), in the CPU's order.
+            let n = dims[axis];
+            let mut dest = Vec::with_capacity(s.layout.size());
+            for o in 0..outer {
+                for &k in &idx {
+                    let row = ((o * n + k) * inner) as u32;
+                    dest.extend((0..inner as u32).map(|i| row + i));
+                }
+            }
+            let from = row_major_positions(s.layout);
+            let map = crate::backend::wgpu::gather::Csr::new(OP, shape.size(), &dest, &from)?;
+            let buf = crate::backend::wgpu::gather::sum_into(OP, None, gs, &shape, &map)?;
+            return Ok(Output::device(buf, shape.clone(), s.dtype));
         }
         let buf = dispatch!(s.dtype, T => {
             let rows = cpu::to_vec::<T>(s);
@@ -235,13 +296,18 @@ fn check_index_shape(
 
 fn gather_impl(x: NDArray, axis: isize, indices: NDArray, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "gather";
-    let id = engine::run_op(OP, &[x.id, indices.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id, indices.id], at, |o| {
         let (a, ix) = (&o[0], &o[1]);
         let dims = a.shape().dims();
         let ax = normalize_axis(OP, axis, dims.len(), a)?;
         check_index_shape(OP, a, ix, ax, None)?;
         let idx = valid_indices(OP, a, ix, dims[ax], &format!("axis {ax}"))?;
         let shape = ix.shape().clone();
+        if let Some(out) = picked_on_device(OP, a, &shape, |ids, out| {
+            gather_kernel(ids, a.layout, ax, shape.dims(), &idx, out)
+        })? {
+            return Ok(out);
+        }
         let buf = dispatch!(a.dtype, T => new_overwritten::<T>(idx.len(), |out| {
             gather_kernel(a.data::<T>(), a.layout, ax, shape.dims(), &idx, out)
         }))?;
@@ -284,7 +350,7 @@ fn scatter_add_impl(
     at: SourceLocation,
 ) -> Result<NDArray> {
     const OP: &str = "scatter_add";
-    let id = engine::run_op(OP, &[x.id, indices.id, src.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id, indices.id, src.id], at, |o| {
         let (a, ix, s) = (&o[0], &o[1], &o[2]);
         same_dtype(OP, a, s)?;
         if a.dtype == DType::Bool {
@@ -294,6 +360,25 @@ fn scatter_add_impl(
         let ax = normalize_axis(OP, axis, dims.len(), a)?;
         check_index_shape(OP, a, ix, ax, Some(s))?;
         let idx = valid_indices(OP, a, ix, dims[ax], &format!("axis {ax}"))?;
+        #[cfg(feature = "gpu")]
+        if let (Some(ga), Some(gs)) = (a.gpu(), s.gpu()) {
+            use crate::backend::wgpu::gather::{Csr, positions, sum_into};
+            // Where each index position lands in the result (the CPU's gather over
+            // positions of a contiguous result), and which source element it adds.
+            let out = crate::layout::Layout::contiguous(a.shape().clone());
+            let dest = positions(out.size(), idx.len(), |ids, o| {
+                gather_kernel(ids, &out, ax, ix.shape().dims(), &idx, o)
+            })?;
+            let reach = crate::layout::Layout {
+                shape: ix.shape().clone(),
+                strides: s.layout.strides.clone(),
+                offset: s.layout.offset,
+            };
+            let from = row_major_positions(&reach);
+            let map = Csr::new(OP, out.size(), &dest, &from)?;
+            let buf = sum_into(OP, Some(ga), gs, a.shape(), &map)?;
+            return Ok(Output::device(buf, a.shape().clone(), a.dtype));
+        }
         let buf = dispatch!(a.dtype, T => {
             let base = cpu::to_vec::<T>(a);
             new_overwritten::<T>(base.len(), |out| {
@@ -350,9 +435,14 @@ impl Backward for ScatterAddRule {
 
 fn take_impl(x: NDArray, indices: NDArray, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "take";
-    let id = engine::run_op(OP, &[x.id, indices.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id, indices.id], at, |o| {
         let (a, ix) = (&o[0], &o[1]);
         let idx = valid_indices(OP, a, ix, a.layout.size(), "the flattened input")?;
+        if let Some(out) = picked_on_device(OP, a, ix.shape(), |ids, out| {
+            take_kernel(ids, a.layout, &idx, out)
+        })? {
+            return Ok(out);
+        }
         let buf = dispatch!(a.dtype, T => new_overwritten::<T>(idx.len(), |out| {
             take_kernel(a.data::<T>(), a.layout, &idx, out)
         }))?;
@@ -391,7 +481,7 @@ impl Backward for TakeRule {
 
 fn boolean_mask_impl(x: NDArray, mask: NDArray, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "boolean_mask";
-    let id = engine::run_op(OP, &[x.id, mask.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id, mask.id], at, |o| {
         let (a, m) = (&o[0], &o[1]);
         if m.dtype != DType::Bool {
             return Err(engine::unsupported(OP, m));
@@ -408,11 +498,18 @@ fn boolean_mask_impl(x: NDArray, mask: NDArray, at: SourceLocation) -> Result<ND
                 ),
             ));
         }
-        let bits: Vec<bool> = cpu::to_vec::<u8>(m).into_iter().map(|b| b != 0).collect();
+        let bits: Vec<bool> = engine::host_copy(m, |h| {
+            cpu::to_vec::<u8>(h).into_iter().map(|b| b != 0).collect()
+        })?;
         let count = bits.iter().filter(|&&b| b).count();
         let mut dims: Dims = smallvec![count];
         dims.extend_from_slice(&ad[md.len()..]);
         let (shape, n) = checked_shape(OP, dims)?;
+        if let Some(out) = picked_on_device(OP, a, &shape, |ids, out| {
+            boolean_mask_kernel(ids, a.layout, md.len(), &bits, out)
+        })? {
+            return Ok(out);
+        }
         let buf = dispatch!(a.dtype, T => new_overwritten::<T>(n, |out| {
             boolean_mask_kernel(a.data::<T>(), a.layout, md.len(), &bits, out)
         }))?;

@@ -39,11 +39,30 @@ fn bool_only(op: &'static str, a: &Operand<'_>) -> Result<()> {
 
 fn logical(x: NDArray, op: LogicOp, y: NDArray, at: SourceLocation) -> Result<NDArray> {
     let name = op.name();
-    let id = engine::run_op(name, &[x.id, y.id], at, |o| {
+    let id = engine::run_op_on(name, &[x.id, y.id], at, |o| {
         let (a, b) = (&o[0], &o[1]);
         bool_only(name, a)?;
         bool_only(name, b)?;
         let shape = broadcast_shape(name, a, b)?;
+        #[cfg(feature = "gpu")]
+        if let (Some(ga), Some(gb)) = (a.gpu(), b.gpu()) {
+            // Bool words are 0 or 1 on a device too.
+            let expr = match op {
+                LogicOp::And => "x & y",
+                LogicOp::Or => "x | y",
+                LogicOp::Xor => "x ^ y",
+            };
+            let buf = crate::backend::wgpu::kernels::elementwise_with(
+                name,
+                &[ga, gb],
+                &shape,
+                DType::Bool,
+                "",
+                expr,
+                0,
+            )?;
+            return Ok(Output::device(buf, shape, DType::Bool));
+        }
         // Bool bytes are 0 or 1, so the bitwise ops are the logical ones.
         let buf = match op {
             LogicOp::And => cpu::map_binary::<u8, u8>(a, b, &shape, |p, q| p & q),
@@ -61,9 +80,22 @@ fn logical(x: NDArray, op: LogicOp, y: NDArray, at: SourceLocation) -> Result<ND
 
 fn logical_not_impl(x: NDArray, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "logical_not";
-    let id = engine::run_op(OP, &[x.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id], at, |o| {
         let a = &o[0];
         bool_only(OP, a)?;
+        #[cfg(feature = "gpu")]
+        if let Some(g) = a.gpu() {
+            let buf = crate::backend::wgpu::kernels::elementwise_with(
+                OP,
+                &[g],
+                a.shape(),
+                DType::Bool,
+                "",
+                "x ^ 1u",
+                0,
+            )?;
+            return Ok(Output::device(buf, a.shape().clone(), DType::Bool));
+        }
         Ok(Output::New {
             buf: cpu::map_unary::<u8, u8>(a, |p| p ^ 1)?,
             shape: a.shape().clone(),

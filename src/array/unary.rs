@@ -230,7 +230,12 @@ impl Backward for UnaryFnRule {
 }
 
 fn stop_gradient_impl(x: NDArray, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op("stop_gradient", &[x.id], at, |o| {
+    let id = engine::run_op_on("stop_gradient", &[x.id], at, |o| {
+        #[cfg(feature = "gpu")]
+        if let Some(g) = o[0].gpu() {
+            let buf = crate::backend::wgpu::kernels::convert("stop_gradient", g, o[0].dtype)?;
+            return Ok(Output::device(buf, o[0].shape().clone(), o[0].dtype));
+        }
         let (buf, layout) = engine::materialize(&o[0])?;
         Ok(Output::New {
             buf,

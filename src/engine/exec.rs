@@ -833,18 +833,25 @@ pub(crate) fn read<R>(id: ArrayId, f: impl FnOnce(&Operand<'_>) -> R) -> Result<
     let ctx = Ctx::read_only(&[id.shard]);
     let _locked = NoFork::new();
     let o = ctx.operand(id)?;
+    host_copy(&o, f)
+}
+
+/// `f` of operand `o` as seen on the host: `o` itself where its data lives there, else
+/// a host copy of its buffer with its layout (this waits for the device's queued work
+/// and copies the whole buffer back). Ops whose device kernels need values on the host
+/// (index arrays checked against their bounds, a mask's count) read them here.
+pub(crate) fn host_copy<R>(o: &Operand<'_>, f: impl FnOnce(&Operand<'_>) -> R) -> Result<R> {
     #[cfg(feature = "gpu")]
     if let Some(g) = o.gpu() {
-        // A read of device data waits for the queued work and copies the buffer back.
         let n = g.buf.bytes() / crate::backend::wgpu::elem_bytes(o.dtype);
         let host = crate::backend::wgpu::download(g.buf, n, o.dtype)?;
         let copy = Storage::from(cpu::new_overwritten::<u8>(host.len(), |d| {
             d.copy_from_slice(&host)
         })?);
-        let o = Operand { buf: &copy, ..o };
+        let o = Operand { buf: &copy, ..*o };
         return Ok(f(&o));
     }
-    Ok(f(&o))
+    Ok(f(o))
 }
 
 #[cfg(test)]

@@ -76,7 +76,7 @@ pub(crate) use devices::{device_of, gpu_arrays, move_data};
 #[cfg(feature = "gpu")]
 pub(crate) use exec::create_stored;
 pub(crate) use exec::{
-    Operand, OperandMut, Output, create, full_beside, materialize, read, run_inplace,
+    Operand, OperandMut, Output, create, full_beside, host_copy, materialize, read, run_inplace,
     run_inplace_on, run_op, run_op_on, unsupported,
 };
 pub(crate) use grads::{

@@ -3,6 +3,7 @@
 
 use super::{float_operands, int_ids};
 use crate::array::NDArray;
+use crate::array::gather::picked_on_device;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu;
 use crate::backend::cpu::nn::{embedding_grad_kernel, embedding_kernel};
@@ -16,7 +17,7 @@ use std::panic::Location;
 
 fn embedding_impl(table: NDArray, ids: NDArray, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "embedding";
-    let id = engine::run_op(OP, &[table.id, ids.id], at, |o| {
+    let id = engine::run_op_on(OP, &[table.id, ids.id], at, |o| {
         let (t, i) = (&o[0], &o[1]);
         float_operands(OP, t, &[])?;
         let td = t.shape().dims();
@@ -34,6 +35,15 @@ fn embedding_impl(table: NDArray, ids: NDArray, at: SourceLocation) -> Result<ND
         let total = shape.checked_size().ok_or_else(|| {
             NdError::shape(OP, format!("the result shape {shape} overflows usize"))
         })?;
+        if let Some(out) = picked_on_device(OP, t, &shape, |ids, out| {
+            let table = cpu::Strided {
+                data: ids,
+                layout: t.layout,
+            };
+            embedding_kernel(table, &rows, out)
+        })? {
+            return Ok(out);
+        }
         let buf = dispatch_float!(t.dtype, T => {
             new_overwritten::<T>(total, |out| embedding_kernel::<T>(t.into(), &rows, out))?
         }, else unreachable!("checked above"));
@@ -65,8 +75,21 @@ impl Backward for EmbeddingRule {
         const OP: &str = "embedding_grad";
         let shape = cx.shapes[0].clone();
         let (v, d) = (shape.dims()[0], shape.dims()[1]);
-        let id = engine::run_op(OP, &[g.id, cx.input(1).id], Location::caller(), |o| {
+        let id = engine::run_op_on(OP, &[g.id, cx.input(1).id], Location::caller(), |o| {
             let rows = int_ids(OP, &o[1], v, "id")?;
+            #[cfg(feature = "gpu")]
+            if let Some(gg) = o[0].gpu() {
+                use crate::backend::wgpu::gather::{Csr, sum_into};
+                // Row k of g goes to row rows[k], in the CPU's order.
+                let dest: Vec<u32> = rows
+                    .iter()
+                    .flat_map(|&r| (0..d).map(move |c| (r as usize * d + c) as u32))
+                    .collect();
+                let from = crate::array::gather::row_major_positions(o[0].layout);
+                let map = Csr::new(OP, v * d, &dest, &from)?;
+                let buf = sum_into(OP, None, gg, &shape, &map)?;
+                return Ok(Output::device(buf, shape.clone(), o[0].dtype));
+            }
             let buf = dispatch_float!(o[0].dtype, T => {
                 let gd = cpu::to_vec::<T>(&o[0]);
                 new_filled::<T>(v * d, |out| embedding_grad_kernel(&gd, &rows, d, out))?

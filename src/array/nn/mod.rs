@@ -32,7 +32,7 @@ use std::panic::Location;
 
 fn one_hot_impl(x: NDArray, depth: usize, dtype: DType, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "one_hot";
-    let id = engine::run_op(OP, &[x.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id], at, |o| {
         let a = &o[0];
         if a.dtype.is_float() || a.dtype == DType::Bool {
             return Err(engine::unsupported(OP, a));
@@ -43,10 +43,12 @@ fn one_hot_impl(x: NDArray, depth: usize, dtype: DType, at: SourceLocation) -> R
         let total = shape.checked_size().ok_or_else(|| {
             NdError::shape(OP, format!("the result shape {shape} overflows usize"))
         })?;
-        let indices: Vec<i64> = dispatch!(a.dtype, T => cpu::to_vec::<T>(a)
-            .into_iter()
-            .map(|v| v.to_i64())
-            .collect());
+        let indices: Vec<i64> = engine::host_copy(a, |h| {
+            dispatch!(h.dtype, T => cpu::to_vec::<T>(h)
+                .into_iter()
+                .map(|v| v.to_i64())
+                .collect())
+        })?;
         if let Some(&bad) = indices.iter().find(|&&i| i < 0 || i as u64 >= depth as u64) {
             return Err(NdError::Index {
                 op: OP,
@@ -57,6 +59,14 @@ fn one_hot_impl(x: NDArray, depth: usize, dtype: DType, at: SourceLocation) -> R
         let buf = dispatch!(dtype, T => new_filled::<T>(total, |out| {
             one_hot_kernel::<T>(&indices, depth, out)
         })?);
+        // On a GPU the result goes up as it is: the indices were read back to be
+        // checked, and a map for a device kernel would be as large as the result.
+        #[cfg(feature = "gpu")]
+        if let Some(g) = a.gpu() {
+            let bytes = cpu::buffer::into_bytes(buf, total * dtype.size_in_bytes());
+            let up = crate::backend::wgpu::upload(OP, g.buf.ctx(), &bytes, dtype)?;
+            return Ok(Output::device(up, shape, dtype));
+        }
         Ok(Output::New { buf, shape, dtype })
     })?;
     Ok(NDArray { id })
@@ -296,10 +306,12 @@ fn int_ids(op: &'static str, ids: &Operand<'_>, limit: usize, what: &str) -> Res
     if ids.dtype.is_float() || ids.dtype == DType::Bool {
         return Err(engine::unsupported(op, ids));
     }
-    let v: Vec<i64> = dispatch!(ids.dtype, T => cpu::to_vec::<T>(ids)
-        .into_iter()
-        .map(|v| v.to_i64())
-        .collect());
+    let v: Vec<i64> = engine::host_copy(ids, |h| {
+        dispatch!(h.dtype, T => cpu::to_vec::<T>(h)
+            .into_iter()
+            .map(|v| v.to_i64())
+            .collect())
+    })?;
     if let Some(&bad) = v.iter().find(|&&i| i < 0 || i as u64 >= limit as u64) {
         return Err(NdError::Index {
             op,

@@ -221,7 +221,7 @@ fn squeeze(x: NDArray, axis: Option<isize>, at: SourceLocation) -> Result<NDArra
 }
 
 fn broadcast_to(x: NDArray, shape: Shape, at: SourceLocation) -> Result<NDArray> {
-    let id = engine::run_op("broadcast_to", &[x.id], at, |o| {
+    let id = engine::run_op_on("broadcast_to", &[x.id], at, |o| {
         let o = &o[0];
         if shape.checked_size().is_none()
             || Shape::broadcast(o.shape(), &shape).as_ref() != Some(&shape)
@@ -230,6 +230,20 @@ fn broadcast_to(x: NDArray, shape: Shape, at: SourceLocation) -> Result<NDArray>
                 "broadcast_to",
                 format!("cannot broadcast {} to {shape}", o.desc()),
             ));
+        }
+        #[cfg(feature = "gpu")]
+        if let Some(g) = o.gpu() {
+            let dst = Layout::contiguous(shape.clone());
+            let ctx = g.buf.ctx();
+            let buf = crate::backend::wgpu::gather::assemble(
+                "broadcast_to",
+                ctx,
+                &shape,
+                o.dtype,
+                None,
+                [(dst, g)],
+            )?;
+            return Ok(Output::device(buf, shape, o.dtype));
         }
         let strides = shape.contiguous_strides();
         let buf = dispatch!(o.dtype, T => new_filled::<T>(shape.size(), |out| {
@@ -256,12 +270,29 @@ fn same_dtypes(op: &'static str, ops: &[Operand<'_>]) -> Result<()> {
 /// Copy every operand into a new buffer of `shape`; operand `i` goes at
 /// `bases[i]` with `dst_strides` (the output strides seen from the operand's axes).
 fn gather(
+    op: &'static str,
     ops: &[Operand<'_>],
     shape: &Shape,
     dst_strides: &Strides,
     bases: &[usize],
 ) -> Result<Output> {
     let dtype = ops[0].dtype;
+    #[cfg(not(feature = "gpu"))]
+    let _ = op;
+    #[cfg(feature = "gpu")]
+    if let Some(g) = ops[0].gpu() {
+        let parts = ops.iter().zip(bases).map(|(o, &base)| {
+            let dst = Layout {
+                shape: o.shape().clone(),
+                strides: dst_strides.clone(),
+                offset: base,
+            };
+            (dst, o.gpu().expect("one device"))
+        });
+        let buf =
+            crate::backend::wgpu::gather::assemble(op, g.buf.ctx(), shape, dtype, None, parts)?;
+        return Ok(Output::device(buf, shape.clone(), dtype));
+    }
     let buf = dispatch!(dtype, T => new_filled::<T>(shape.size(), |out| {
         for (o, &base) in ops.iter().zip(bases) {
             copy_strided::<T>(out, dst_strides, base, o.into(), o.shape());
@@ -279,7 +310,7 @@ fn concat(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray
         return Err(NdError::invalid("concat", "needs at least one array"));
     }
     let ids: Vec<_> = arrays.iter().map(|a| a.id).collect();
-    let id = engine::run_op("concat", &ids, at, |ops| {
+    let id = engine::run_op_on("concat", &ids, at, |ops| {
         same_dtypes("concat", ops)?;
         let first = &ops[0];
         let nd = first.shape().ndim();
@@ -324,7 +355,7 @@ fn concat(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray
             bases.push(at_axis * strides[ax] as usize);
             at_axis += b.shape().0[ax];
         }
-        gather(ops, &shape, &strides, &bases)
+        gather("concat", ops, &shape, &strides, &bases)
     })?;
     autograd::record(&ids, id, || ConcatRule { axis, stack: false });
     Ok(NDArray { id })
@@ -335,7 +366,7 @@ fn stack(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray>
         return Err(NdError::invalid("stack", "needs at least one array"));
     }
     let ids: Vec<_> = arrays.iter().map(|a| a.id).collect();
-    let id = engine::run_op("stack", &ids, at, |ops| {
+    let id = engine::run_op_on("stack", &ids, at, |ops| {
         same_dtypes("stack", ops)?;
         let first = &ops[0];
         for (i, b) in ops.iter().enumerate() {
@@ -361,7 +392,7 @@ fn stack(arrays: &[NDArray], axis: isize, at: SourceLocation) -> Result<NDArray>
         let mut strides = shape.contiguous_strides();
         let step = strides.remove(ax) as usize;
         let bases: Vec<usize> = (0..ops.len()).map(|i| i * step).collect();
-        gather(ops, &shape, &strides, &bases)
+        gather("stack", ops, &shape, &strides, &bases)
     })?;
     autograd::record(&ids, id, || ConcatRule { axis, stack: true });
     Ok(NDArray { id })

@@ -8,6 +8,7 @@
 use super::permuted;
 use crate::array::NDArray;
 use crate::array::axis::normalize_axis;
+use crate::array::gather::picked_on_device;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu::copy::{copy_strided, fill_value, gather_axes_kernel, tri_kernel};
 use crate::backend::cpu::gather::index_select_kernel;
@@ -100,7 +101,7 @@ fn split(x: NDArray, sections: usize, axis: isize, at: SourceLocation) -> Result
 
 fn repeat(x: NDArray, repeats: usize, axis: isize, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "repeat";
-    let id = engine::run_op(OP, &[x.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id], at, |o| {
         let a = &o[0];
         let ax = normalize_axis(OP, axis, a.shape().ndim(), a)?;
         let mut dims = a.shape().0.clone();
@@ -113,6 +114,11 @@ fn repeat(x: NDArray, repeats: usize, axis: isize, at: SourceLocation) -> Result
         let idx: Vec<usize> = (0..n)
             .flat_map(|i| std::iter::repeat_n(i, repeats))
             .collect();
+        if let Some(out) = picked_on_device(OP, a, &shape, |ids, out| {
+            index_select_kernel(ids, a.layout, ax, &idx, out)
+        })? {
+            return Ok(out);
+        }
         let buf = dispatch!(a.dtype, T => new_overwritten::<T>(total, |out| {
             index_select_kernel(a.data::<T>(), a.layout, ax, &idx, out)
         }))?;
@@ -170,7 +176,7 @@ fn tile_dims(x: &[usize], reps: &[usize]) -> (Dims, Dims) {
 
 fn tile(x: NDArray, reps: &[usize], at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "tile";
-    let id = engine::run_op(OP, &[x.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id], at, |o| {
         let a = &o[0];
         let (xd, rd) = tile_dims(a.shape().dims(), reps);
         let extra = xd.len() - a.shape().ndim();
@@ -192,6 +198,11 @@ fn tile(x: NDArray, reps: &[usize], at: SourceLocation) -> Result<NDArray> {
             .zip(shape.dims())
             .map(|(&n, &len)| (0..len).map(|i| i % n.max(1)).collect())
             .collect();
+        if let Some(out) = picked_on_device(OP, a, &shape, |ids, out| {
+            gather_axes_kernel(ids, &strides, a.layout.offset, &maps, out)
+        })? {
+            return Ok(out);
+        }
         let buf = dispatch!(a.dtype, T => new_overwritten::<T>(total, |out| {
             gather_axes_kernel(a.data::<T>(), &strides, a.layout.offset, &maps, out)
         }))?;
@@ -231,7 +242,7 @@ impl Backward for TileRule {
 
 fn pad(x: NDArray, widths: &[(usize, usize)], value: f64, at: SourceLocation) -> Result<NDArray> {
     const OP: &str = "pad";
-    let id = engine::run_op(OP, &[x.id], at, |o| {
+    let id = engine::run_op_on(OP, &[x.id], at, |o| {
         let a = &o[0];
         let ad = a.shape().dims();
         if widths.len() != ad.len() {
@@ -267,6 +278,25 @@ fn pad(x: NDArray, widths: &[(usize, usize)], value: f64, at: SourceLocation) ->
             .zip(&os)
             .map(|(&(b, _), &s)| b * s as usize)
             .sum();
+        #[cfg(feature = "gpu")]
+        if let Some(g) = a.gpu() {
+            dispatch!(a.dtype, T => fill_value::<T>(OP, value, a.dtype).map(|_| ()))?;
+            let dst = crate::engine::Layout {
+                shape: a.shape().clone(),
+                strides: os,
+                offset: base,
+            };
+            let ctx = g.buf.ctx();
+            let buf = crate::backend::wgpu::gather::assemble(
+                OP,
+                ctx,
+                &shape,
+                a.dtype,
+                Some(value),
+                [(dst, g)],
+            )?;
+            return Ok(Output::device(buf, shape, a.dtype));
+        }
         let buf = dispatch!(a.dtype, T => {
             let v: T = fill_value(OP, value, a.dtype)?;
             new_overwritten::<T>(total, |out| {

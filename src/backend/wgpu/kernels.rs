@@ -233,14 +233,28 @@ pub(crate) fn elementwise_with(
 /// no kernel.
 pub(crate) fn binop_expr(op: BinOp, t: DType, x: &str, y: &str) -> Option<String> {
     let float = t.is_float();
-    if !numeric(t) {
+    if !numeric(t) && t != DType::U8 {
         return None;
     }
+    // U8 words wrap modulo 256, as the CPU's `u8` arithmetic.
+    let wrap = |e: String| {
+        if t == DType::U8 {
+            format!("(({e}) & 255u)")
+        } else {
+            e
+        }
+    };
     Some(match op {
-        BinOp::Add => format!("{x} + {y}"),
-        BinOp::Sub => format!("{x} - {y}"),
-        BinOp::Mul => format!("{x} * {y}"),
+        BinOp::Add => wrap(format!("{x} + {y}")),
+        BinOp::Sub => wrap(format!("{x} - {y}")),
+        BinOp::Mul => wrap(format!("{x} * {y}")),
         BinOp::Div if float => format!("{x} / {y}"),
+        // An integer division by zero is 0 (the CPU's rule); WGSL's `i32::MIN / -1` is
+        // `i32::MIN`, the CPU's wrapping division.
+        BinOp::Div => {
+            let ty = wgsl_type(t);
+            format!("select({x} / {y}, {ty}(0), {y} == {ty}(0))")
+        }
         // Vulkan's pow, exp, log and the like take 32-bit floats only.
         BinOp::Pow if t == DType::F32 => format!("pow({x}, {y})"),
         // NaN propagates (the CPU's max_of/min_of): only NaN differs from itself.
@@ -273,9 +287,7 @@ fn numeric(t: DType) -> bool {
 /// `a op b`, broadcast to `shape`.
 pub(crate) fn binary(op: BinOp, a: View<'_>, b: View<'_>, shape: &Shape) -> Result<GpuBuffer> {
     let ctx = a.buf.ctx();
-    let expr = binop_expr(op, a.dtype, "x", "y")
-        .filter(|_| numeric(a.dtype))
-        .ok_or_else(|| unsupported(op.name(), ctx))?;
+    let expr = binop_expr(op, a.dtype, "x", "y").ok_or_else(|| unsupported(op.name(), ctx))?;
     elementwise(op.name(), &[a, b], shape, a.dtype, &expr, 0)
 }
 
@@ -284,9 +296,7 @@ pub(crate) fn binary(op: BinOp, a: View<'_>, b: View<'_>, shape: &Shape) -> Resu
 pub(crate) fn binary_scalar(op: BinOp, a: View<'_>, bits: u64, left: bool) -> Result<GpuBuffer> {
     let ctx = a.buf.ctx();
     let (x, y) = if left { ("s", "x") } else { ("x", "s") };
-    let expr = binop_expr(op, a.dtype, x, y)
-        .filter(|_| numeric(a.dtype))
-        .ok_or_else(|| unsupported(op.name(), ctx))?;
+    let expr = binop_expr(op, a.dtype, x, y).ok_or_else(|| unsupported(op.name(), ctx))?;
     elementwise(op.name(), &[a], &a.layout.shape, a.dtype, &expr, bits)
 }
 

@@ -37,6 +37,7 @@
 //! This module knows nothing of records, managers or scopes: the engine calls it.
 
 pub(crate) mod conv;
+pub(crate) mod gather;
 pub(crate) mod inplace;
 pub(crate) mod kernels;
 pub(crate) mod math;
