@@ -34,7 +34,7 @@ pub enum Device {
     /// Host memory and the CPU kernels.
     #[default]
     Cpu,
-    /// The n-th GPU of [`devices`] (counting GPUs only, from 0).
+    /// The n-th GPU of [`devices`](crate::devices) (counting GPUs only, from 0).
     Gpu(usize),
 }
 
@@ -47,7 +47,7 @@ impl fmt::Display for Device {
     }
 }
 
-/// One entry of [`devices`].
+/// One entry of [`devices`](crate::devices).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
     /// The device.
