@@ -1327,3 +1327,56 @@ fn logical_ops_one_hot_and_stop_gradient_run_on_the_device() {
     cm.close();
     gm.close();
 }
+
+/// `mse_loss` and `binary_cross_entropy_with_logits` on the device: forward over views,
+/// both gradients, logits of any magnitude, and an empty input (NaN on both sides).
+#[test]
+fn elementwise_losses_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    grads_match(
+        "losses",
+        d,
+        &[
+            (vals(3 * 4, 130), vec![3, 4]),
+            (vals(3 * 4, 131), vec![3, 4]),
+        ],
+        &[],
+        |p, _| {
+            let t = p[1].sigmoid();
+            p[0].mse_loss(p[1]) * 2.0
+                + p[0].transpose().mse_loss(t.transpose())
+                + (p[0] * 30.0).binary_cross_entropy_with_logits(t)
+                + p[0].get("::-1").binary_cross_entropy_with_logits(t) * 0.5
+        },
+    );
+    let (cm, gm) = (NDManager::new(), NDManager::new_on(d));
+    let x = [-1e4f32, -30.0, -1.0, 0.0, 2.5, 1e4];
+    let t = [0.0f32, 1.0, 0.25, 0.5, 1.0, 0.0];
+    let f = |m: &NDManager| {
+        let (a, b) = (m.create(&x, [6]), m.create(&t, [6]));
+        let e = m.create(&[0.0f32; 0], [0]);
+        [
+            a.mse_loss(b),
+            a.binary_cross_entropy_with_logits(b),
+            e.mse_loss(e),
+            e.binary_cross_entropy_with_logits(e),
+        ]
+        .map(|l| l.to_scalar::<f32>().unwrap())
+    };
+    let (want, got) = (f(&cm), f(&gm));
+    for (w, g) in want.iter().zip(&got) {
+        assert!(
+            (w.is_nan() && g.is_nan()) || (w - g).abs() <= 1e-5 * (1.0 + w.abs()),
+            "cpu {want:?}, gpu {got:?}"
+        );
+    }
+    // Shapes must match on the device as on the CPU.
+    let e = gm
+        .create(&x, [6])
+        .try_mse_loss(gm.create(&x, [2, 3]))
+        .unwrap_err();
+    assert!(matches!(e, ndscope::NdError::ShapeMismatch { .. }), "{e}");
+    cm.close();
+    gm.close();
+}

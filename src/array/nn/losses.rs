@@ -146,7 +146,7 @@ impl Loss {
 
 fn loss_impl(x: NDArray, target: NDArray, kind: Loss, at: SourceLocation) -> Result<NDArray> {
     let op = kind.name();
-    let id = engine::run_op(op, &[x.id, target.id], at, |o| {
+    let id = engine::run_op_on(op, &[x.id, target.id], at, |o| {
         let (a, t) = (&o[0], &o[1]);
         float_operands(op, a, &[t])?;
         if a.shape() != t.shape() {
@@ -155,6 +155,12 @@ fn loss_impl(x: NDArray, target: NDArray, kind: Loss, at: SourceLocation) -> Res
                 lhs: a.desc(),
                 rhs: t.desc(),
             });
+        }
+        #[cfg(feature = "gpu")]
+        if let (Some(ga), Some(gt)) = (a.gpu(), t.gpu()) {
+            let bce = kind == Loss::Bce;
+            let buf = crate::backend::wgpu::math::mean_loss(op, bce, ga, gt)?;
+            return Ok(Output::device(buf, Shape(Dims::new()), a.dtype));
         }
         let loss = dispatch_float!(a.dtype, T => match kind {
             Loss::Mse => mean_of::<T>(a.into(), t.into(), |x, t| (x - t) * (x - t)),
@@ -250,7 +256,8 @@ impl NDArray {
         /// Mean squared error `mean((x - target)^2)`, a 0-d array (PyTorch's `mse_loss` with
         /// mean reduction; an empty input gives NaN). `target` must have `x`'s shape and
         /// dtype (PyTorch broadcasts with a warning; here that is an error). F32/F64 only.
-        /// Differentiable in both. Panics on failure.
+        /// Differentiable in both. On a GPU the mean is summed in the array's dtype (the
+        /// CPU sums in f64). Panics on failure.
         ///
         /// ```
         /// use ndscope::NDManager;
@@ -273,8 +280,9 @@ impl NDArray {
         /// Binary cross-entropy of logits `x` with targets in `[0, 1]`:
         /// `mean(max(x, 0) - x * target + log1p(exp(-|x|)))`, a 0-d array, as PyTorch's
         /// `binary_cross_entropy_with_logits` (mean reduction; no weights). Stable for
-        /// logits of any magnitude. `target` must have `x`'s shape and dtype. F32/F64 only.
-        /// Differentiable in both. Panics on failure.
+        /// logits of any magnitude. `target` must have `x`'s shape and dtype. F32/F64 only
+        /// (F32 only on a GPU, whose `exp` and `log` take 32-bit floats; the mean is summed
+        /// in F32 there). Differentiable in both. Panics on failure.
         ///
         /// ```
         /// use ndscope::NDManager;

@@ -212,3 +212,32 @@ pub(crate) fn tri(a: View<'_>, k: i64, lower: bool) -> Result<GpuBuffer> {
     let expr = format!("select({}(0), x, tri_diag(i) {cmp} prm[2])", wgsl_type(t));
     elementwise_with(op, &[a], &shape, t, FUNCS, &expr, u64::from(k as u32))
 }
+
+/// The mean over every element of an elementwise loss of `x` and target `t` (one
+/// shape): `mse_loss`'s `(x - t)^2` (F32, F64) or
+/// `binary_cross_entropy_with_logits`' `max(x, 0) - x t + log1p(exp(-|x|))` (F32: it
+/// exponentiates). A 0-d buffer. The device sums in the array's dtype, the CPU in f64.
+pub(crate) fn mean_loss(
+    op: &'static str,
+    bce: bool,
+    x: View<'_>,
+    t: View<'_>,
+) -> Result<GpuBuffer> {
+    use super::reduce::{Reduce, reduce};
+    let ctx = x.buf.ctx();
+    let expr = match (bce, x.dtype) {
+        (false, _) => "(x - y) * (x - y)".to_string(),
+        (true, DType::F32) => "max(x, 0.0) - x * y + log1p_(exp(-abs(x)))".to_string(),
+        _ => return Err(unsupported(op, ctx)),
+    };
+    let shape = x.layout.shape.clone();
+    let terms = elementwise_with(op, &[x, t], &shape, x.dtype, FUNCS, &expr, 0)?;
+    let flat = crate::layout::Layout::contiguous(Shape::from([shape.size()]));
+    let all = View {
+        buf: &terms,
+        layout: &flat,
+        dtype: x.dtype,
+    };
+    let (mean, _) = reduce(op, Reduce::Mean, all, &[0])?;
+    Ok(mean)
+}
