@@ -1380,3 +1380,53 @@ fn elementwise_losses_match_the_cpu() {
     cm.close();
     gm.close();
 }
+
+/// `any` and `all` on the device, over every dtype, axes, views, empty lanes, NaN
+/// (nonzero), -0.0 (zero) and integers that are nonzero only in their high bits.
+#[test]
+fn any_and_all_match_the_cpu() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let (cm, gm) = (NDManager::new(), NDManager::new_on(d));
+    let f: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        f32::NAN,
+        0.0,
+        1e-30,
+        0.0,
+        0.0,
+        0.0,
+        -2.0,
+        3.0,
+        1.0,
+        4.0,
+    ];
+    let ints: Vec<i64> = vec![0, 0, 0, 1 << 40, 0, 0, 0, 0, 5, -1, 7, 9];
+    let bytes: Vec<u8> = vec![0, 0, 0, 0, 0, 255, 0, 0, 1, 2, 3, 4];
+    let bools: Vec<bool> = bytes.iter().map(|&b| b != 0).collect();
+    for (c, g) in [
+        (cm.create(&f, [3, 4]), gm.create(&f, [3, 4])),
+        (cm.create(&ints, [3, 4]), gm.create(&ints, [3, 4])),
+        (cm.create(&bytes, [3, 4]), gm.create(&bytes, [3, 4])),
+        (cm.create(&bools, [3, 4]), gm.create(&bools, [3, 4])),
+    ] {
+        let all = |a: NDArray| {
+            [
+                a.any(),
+                a.all(),
+                a.any_axes(&[1], false),
+                a.all_axes(&[1], true),
+                a.any_axes(&[0], false),
+                a.all_axes(&[0], false),
+                a.transpose().get("::-1").all_axes(&[0], false),
+                a.get(":, 0:0").any_axes(&[1], false),
+                a.get(":, 0:0").all_axes(&[1], false),
+            ]
+            .map(|r| (r.shape(), r.to_vec::<bool>().unwrap()))
+        };
+        assert_eq!(all(g), all(c), "{}", c.dtype());
+    }
+    cm.close();
+    gm.close();
+}

@@ -161,10 +161,10 @@ const OPS: &[(&str, Gpu, Case)] = &[
     }),
     ("norm", Runs, |i| i.x.try_norm()),
     ("cumsum", Runs, |i| i.x.try_cumsum(1)),
-    ("any", NoKernel, |i| i.b.try_any()),
-    ("any_axes", NoKernel, |i| i.x.try_any_axes(&[1], false)),
-    ("all", NoKernel, |i| i.b.try_all()),
-    ("all_axes", NoKernel, |i| i.b.try_all_axes(&[0], true)),
+    ("any", Runs, |i| i.b.try_any()),
+    ("any_axes", Runs, |i| i.x.try_any_axes(&[1], false)),
+    ("all", Runs, |i| i.b.try_all()),
+    ("all_axes", Runs, |i| i.b.try_all_axes(&[0], true)),
     // Logical.
     ("logical_and", Runs, |i| {
         i.b.try_logical_and(i.b.get("::-1"))

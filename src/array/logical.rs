@@ -130,10 +130,15 @@ fn truth_reduction(
     at: SourceLocation,
 ) -> Result<NDArray> {
     let name = if any { "any" } else { "all" };
-    let id = engine::run_op(name, &[x.id], at, |o| {
+    let id = engine::run_op_on(name, &[x.id], at, |o| {
         let a = &o[0];
         let axes = normalize_axes(name, a, axes)?;
         let shape = reduced_shape(a.shape(), &axes, keep_dims);
+        #[cfg(feature = "gpu")]
+        if let Some(g) = a.gpu() {
+            let buf = crate::backend::wgpu::reduce::truth(name, g, &axes, any, &shape)?;
+            return Ok(Output::device(buf, shape, DType::Bool));
+        }
         // The accumulator is "decided": any found a true / all found a false.
         let decided = dispatch!(a.dtype, T => cpu::reduce::<T, bool>(a, &axes, false,
             |done, d, s, n, st| done || row_decides(d, s, n, st, any)));

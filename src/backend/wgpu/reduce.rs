@@ -16,6 +16,7 @@ use super::kernels::{MAX_DIMS, View, binop_expr, is_nan, out_buffer, unsupported
 use super::{Ctx, GpuBuffer};
 use crate::DType;
 use crate::error::{NdError, Result};
+use crate::layout::Layout;
 use crate::opkind::BinOp;
 
 /// The value reductions with a kernel.
@@ -270,4 +271,51 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) w: vec3<u
     });
     launch(ctx, kernel, &prm, &a, &dst, n_out);
     Ok(dst)
+}
+
+/// `any` (`any == true`: some element of the lane is nonzero) or `all` (every one is)
+/// of `a` over `axes` (sorted, distinct), as Bool words of `out_shape`: the elements
+/// that decide (nonzero for `any`, zero for `all`) are counted, then the count is
+/// compared with 0. NaN is nonzero, as on the CPU; an empty lane is false for `any`
+/// and true for `all`.
+pub(crate) fn truth(
+    op: &'static str,
+    a: View<'_>,
+    axes: &[usize],
+    any: bool,
+    out_shape: &crate::Shape,
+) -> Result<GpuBuffer> {
+    use super::kernels::elementwise_with;
+    let t = wgsl_type(a.dtype);
+    let nonzero = if a.dtype.is_float() {
+        format!("(x != {t}(0) || {})", is_nan(a.dtype, "x"))
+    } else {
+        format!("(x != {t}(0))")
+    };
+    let decides = if any {
+        format!("select(0i, 1i, {nonzero})")
+    } else {
+        format!("select(1i, 0i, {nonzero})")
+    };
+    let shape = a.layout.shape.clone();
+    let marks = elementwise_with(op, &[a], &shape, DType::I32, "", &decides, 0)?;
+    let ml = Layout::contiguous(shape);
+    let mv = View {
+        buf: &marks,
+        layout: &ml,
+        dtype: DType::I32,
+    };
+    let (count, _) = reduce(op, Reduce::Sum, mv, axes)?;
+    let cl = Layout::contiguous(out_shape.clone());
+    let cv = View {
+        buf: &count,
+        layout: &cl,
+        dtype: DType::I32,
+    };
+    let verdict = if any {
+        "select(0u, 1u, x != 0i)"
+    } else {
+        "select(0u, 1u, x == 0i)"
+    };
+    elementwise_with(op, &[cv], out_shape, DType::Bool, "", verdict, 0)
 }
