@@ -292,6 +292,7 @@ fn devices_do_not_mix_and_missing_kernels_say_so() {
     let m = NDManager::new();
     let c = m.create(&[1.0f32, 2.0], [2]);
     let g = m.create(&[3.0f32, 4.0], [2]).to_device(d);
+    let gi = g.to_dtype(DType::I32);
     let (cpu0, gpu0) = (memory_on(Device::Cpu), memory_on(d));
     match c.try_add(g).unwrap_err() {
         NdError::DeviceMismatch {
@@ -304,10 +305,10 @@ fn devices_do_not_mix_and_missing_kernels_say_so() {
         }
         e => panic!("expected DeviceMismatch, got {e}"),
     }
-    // An op with no kernel on a GPU yet (layer_norm).
-    let e = g.try_layer_norm(&[0], None, None, 1e-5).unwrap_err();
+    // An op with no kernel on a GPU for a dtype (integer pow).
+    let e = gi.try_pow(gi).unwrap_err();
     assert!(
-        matches!(e, NdError::Unsupported { op: "layer_norm", device } if device == d),
+        matches!(e, NdError::Unsupported { op: "pow", device } if device == d),
         "{e}"
     );
     assert!(e.to_string().contains(&d.to_string()), "{e}");

@@ -1430,3 +1430,110 @@ fn any_and_all_match_the_cpu() {
     cm.close();
     gm.close();
 }
+
+/// `layer_norm` and `batch_norm` on the device: forward and every gradient (with and
+/// without gamma and beta, over views, parameters that broadcast), `batch_norm` in
+/// training (its running statistics updated in place, as on the CPU) and in inference
+/// (given statistics, the fixed-statistics gradient).
+#[test]
+fn normalisations_match_the_cpu_forward_and_backward() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = gpu() else { return };
+    let base = memory_on(d).live_bytes;
+    grads_match(
+        "layer_norm",
+        d,
+        &[
+            (vals(2 * 3 * 4, 140), vec![2, 3, 4]),
+            (vals(4, 141), vec![4]),
+            (vals(3, 142), vec![3, 1]),
+        ],
+        &[(vals(2 * 3 * 4, 143), vec![2, 3, 4])],
+        |p, w| {
+            let (x, gamma, beta) = (p[0], p[1], p[2]);
+            (x.layer_norm(&[-1], Some(gamma), Some(beta), 1e-5) * w[0]).sum()
+                + (x.layer_norm(&[1, 2], Some(beta), None, 1e-3) * w[0]).sum()
+                + (x.swap_axes(0, 2).layer_norm(&[0], None, None, 0.0) * w[0].swap_axes(0, 2)).sum()
+        },
+    );
+    grads_match(
+        "batch_norm",
+        d,
+        &[
+            (vals(4 * 3 * 2 * 2, 144), vec![4, 3, 2, 2]),
+            (vals(3, 145), vec![3]),
+            (vals(3, 146), vec![3]),
+        ],
+        &[(vals(4 * 3 * 2 * 2, 147), vec![4, 3, 2, 2])],
+        |p, w| {
+            let (x, gamma, beta) = (p[0], p[1], p[2]);
+            let m = x.manager();
+            let (rm, rv) = (m.zeros([3], DType::F32), m.ones([3], DType::F32));
+            let given = (
+                m.create(&[0.5f32, -1.0, 0.0], [3]),
+                m.create(&[2.0f32, 0.5, 1.0], [3]),
+            );
+            (x.batch_norm(rm, rv, Some(gamma), Some(beta), true, 0.1, 1e-5) * w[0]).sum()
+                + (x.batch_norm(given.0, given.1, Some(gamma), None, false, 0.1, 1e-5) * w[0]).sum()
+                + (x.get(":, :, ::-1")
+                    .batch_norm(rm, rv, None, Some(beta), true, 0.3, 1e-5)
+                    * w[0])
+                    .sum()
+        },
+    );
+    // The running statistics after three training steps, and an inference pass.
+    let (cm, gm) = (NDManager::new(), NDManager::new_on(d));
+    let stats = |m: &NDManager| {
+        let (rm, rv) = (m.zeros([3], DType::F32), m.ones([3], DType::F32));
+        let g = m.create(&[1.5f32, 0.5, -1.0], [3]);
+        for k in 0..3 {
+            let x = m.create(&vals(5 * 3 * 4, 150 + k), [5, 3, 4]);
+            x.batch_norm(rm, rv, Some(g), None, true, 0.2, 1e-5);
+        }
+        let x = m.create(&vals(2 * 3 * 4, 160), [2, 3, 4]);
+        let y = x.batch_norm(rm, rv, Some(g), Some(g), false, 0.2, 1e-5);
+        [rm, rv, y].map(|a| a.to_vec::<f32>().unwrap())
+    };
+    let (want, got) = (stats(&cm), stats(&gm));
+    for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+        for (a, b) in w.iter().zip(g) {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
+                "{k}: cpu {w:?}, gpu {g:?}"
+            );
+        }
+    }
+    // Refusals as on the CPU: parameters of the wrong shape, a batch of one per channel.
+    let x = gm.create(&vals(6, 170), [2, 3]);
+    let e = x
+        .try_batch_norm(
+            gm.zeros([2], DType::F32),
+            gm.ones([3], DType::F32),
+            None,
+            None,
+            true,
+            0.1,
+            1e-5,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("must have shape [3]"), "{e}");
+    let e = x
+        .get("0:1")
+        .try_batch_norm(
+            gm.zeros([3], DType::F32),
+            gm.ones([3], DType::F32),
+            None,
+            None,
+            true,
+            0.1,
+            1e-5,
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("more than 1 value per channel"),
+        "{e}"
+    );
+    cm.close();
+    gm.close();
+    assert_eq!(memory_on(d).live_bytes, base);
+}

@@ -237,10 +237,10 @@ const OPS: &[(&str, Gpu, Case)] = &[
     ("avg_pool2d", Runs, |i| {
         i.img.try_avg_pool2d([3, 3], [1, 1], [1, 1])
     }),
-    ("layer_norm", NoKernel, |i| {
+    ("layer_norm", Runs, |i| {
         i.x.try_layer_norm(&[1], None, None, 1e-5)
     }),
-    ("batch_norm", NoKernel, |i| {
+    ("batch_norm", Runs, |i| {
         i.img
             .try_batch_norm(i.rm, i.rv, None, None, false, 0.1, 1e-5)
     }),

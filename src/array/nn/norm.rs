@@ -72,13 +72,46 @@ impl Backward for NormRule {
         };
         // One pass for every gradient: dx, and gamma's and beta's sums.
         let mut sums = None;
-        let id = engine::run_op(op, &ids, Location::caller(), |o| {
+        let id = engine::run_op_on(op, &ids, Location::caller(), |o| {
             let (gv, xv) = (&o[0], &o[1]);
             let shape = xv.shape().clone();
             let nd = shape.ndim();
             let red: SmallVec<[bool; 4]> = (0..nd as isize)
                 .map(|d| axes.iter().any(|&a| a == d || a + nd as isize == d))
                 .collect();
+            #[cfg(feature = "gpu")]
+            if let (Some(gg), Some(xg), Some(mg), Some(rg)) =
+                (gv.gpu(), xv.gpu(), o[2].gpu(), o[3].gpu())
+            {
+                let norm: SmallVec<[usize; 4]> = (0..nd).filter(|&d| red[d]).collect();
+                // The axes a parameter of shape `p` broadcasts along.
+                let along = |p: &Option<Shape>| -> Option<SmallVec<[usize; 4]>> {
+                    let p = p.as_ref()?;
+                    Some(if channel {
+                        (0..nd).filter(|&d| d != 1).collect()
+                    } else {
+                        let lead = nd - p.ndim();
+                        (0..nd)
+                            .filter(|&d| d < lead || p.dims()[d - lead] == 1)
+                            .collect()
+                    })
+                };
+                let (ga, ba) = (along(&want_gamma), along(&want_beta));
+                let gl = o.get(4).map(|p| param_layout(p, o[2].shape(), channel));
+                let gamma = o.get(4).zip(gl.as_ref()).and_then(|(p, l)| laid(p, l));
+                let (dx, dg, db) = crate::backend::wgpu::norm::normalize_grad(
+                    op,
+                    gg,
+                    xg,
+                    (mg, rg),
+                    gamma,
+                    &norm,
+                    batch_stats,
+                    (ga.as_deref(), ba.as_deref()),
+                )?;
+                sums = Some((ParamSums::Device(dg, db), xv.dtype));
+                return Ok(Output::device(dx, shape, xv.dtype));
+            }
             // Where a parameter's gradient is summed (a dummy cell when not wanted).
             let into = |p: &Option<Shape>| -> (Strides, usize) {
                 match p {
@@ -117,7 +150,7 @@ impl Backward for NormRule {
                 let (mv, rv) = (stat(&o[2]), stat(&o[3]));
                 normalize_grad_kernel::<T>(xv.into(), gv.into(), &red, &gm, (&mv, &rv), batch_stats, targets)?
             }, else return Err(engine::unsupported(op, xv)));
-            sums = Some((out.dgamma, out.dbeta, xv.dtype));
+            sums = Some((ParamSums::Host(out.dgamma, out.dbeta), xv.dtype));
             Ok(Output::New {
                 buf: out.dx,
                 shape,
@@ -125,7 +158,7 @@ impl Backward for NormRule {
             })
         })?;
         let dx = NDArray { id };
-        let Some((dgamma, dbeta, dtype)) = sums else {
+        let Some((sums, dtype)) = sums else {
             unreachable!("set by the op");
         };
         let mut grads: Grads = smallvec![None];
@@ -134,23 +167,80 @@ impl Backward for NormRule {
         } else {
             dx.close();
         }
-        // A parameter's gradient from its sums.
-        let param = |v: &[f64], shape: Shape| -> Result<NDArray> {
-            let id = engine::run_op(op, &[g.id], Location::caller(), |_| {
-                let buf = dispatch_float!(dtype, T => buffer_of::<T>(v)?,
-                    else unreachable!("a float dtype, checked by the op"));
-                Ok(Output::New { buf, shape, dtype })
+        // A parameter's gradient from its sums (beside `g`).
+        let (dgamma, dbeta) = sums.split();
+        let param = |sum: ParamSum, shape: Shape| -> Result<NDArray> {
+            let id = engine::run_op_on(op, &[g.id], Location::caller(), |_| match sum {
+                ParamSum::Host(v) => {
+                    let buf = dispatch_float!(dtype, T => buffer_of::<T>(&v)?,
+                        else unreachable!("a float dtype, checked by the op"));
+                    Ok(Output::New { buf, shape, dtype })
+                }
+                #[cfg(feature = "gpu")]
+                ParamSum::Device(Some(buf)) => Ok(Output::device(buf, shape, dtype)),
+                #[cfg(feature = "gpu")]
+                ParamSum::Device(None) => unreachable!("summed where wanted"),
             })?;
             Ok(NDArray { id })
         };
         if self.has_gamma {
-            grads.push(want_gamma.map(|s| param(&dgamma, s)).transpose()?);
+            grads.push(want_gamma.map(|s| param(dgamma, s)).transpose()?);
         }
         if self.has_beta {
-            grads.push(want_beta.map(|s| param(&dbeta, s)).transpose()?);
+            grads.push(want_beta.map(|s| param(dbeta, s)).transpose()?);
         }
         Ok(grads)
     }
+}
+
+/// Gamma's and beta's gradient sums, where the gradient pass computed them.
+enum ParamSums {
+    Host(Vec<f64>, Vec<f64>),
+    #[cfg(feature = "gpu")]
+    Device(
+        Option<crate::backend::wgpu::GpuBuffer>,
+        Option<crate::backend::wgpu::GpuBuffer>,
+    ),
+}
+
+/// One parameter's gradient sum.
+enum ParamSum {
+    Host(Vec<f64>),
+    #[cfg(feature = "gpu")]
+    Device(Option<crate::backend::wgpu::GpuBuffer>),
+}
+
+impl ParamSums {
+    fn split(self) -> (ParamSum, ParamSum) {
+        match self {
+            ParamSums::Host(a, b) => (ParamSum::Host(a), ParamSum::Host(b)),
+            #[cfg(feature = "gpu")]
+            ParamSums::Device(a, b) => (ParamSum::Device(a), ParamSum::Device(b)),
+        }
+    }
+}
+
+/// The layout of a parameter `p` as it broadcasts to the input: a `batch_norm` `[C]`
+/// laid along axis 1 of `stats` (`[1, C, 1, ..]`), else its own.
+#[cfg(feature = "gpu")]
+fn param_layout(p: &Operand<'_>, stats: &Shape, channel: bool) -> Layout {
+    if !channel {
+        return p.layout.clone();
+    }
+    let mut strides = Strides::from_elem(0, stats.ndim());
+    strides[1] = p.layout.strides[0];
+    Layout {
+        shape: stats.clone(),
+        strides,
+        offset: p.layout.offset,
+    }
+}
+
+/// `p`'s device view through layout `l` (`None` on the host).
+#[cfg(feature = "gpu")]
+fn laid<'a>(p: &'a Operand<'_>, l: &'a Layout) -> Option<crate::backend::wgpu::kernels::View<'a>> {
+    p.gpu()
+        .map(|v| crate::backend::wgpu::kernels::View { layout: l, ..v })
 }
 
 /// `eps` must be finite and non-negative.
@@ -178,7 +268,7 @@ fn layer_norm_impl(
     ids.extend(gamma.map(|a| a.id));
     ids.extend(beta.map(|a| a.id));
     let mut saved = None;
-    let id = engine::run_op(OP, &ids, at, |o| {
+    let id = engine::run_op_on(OP, &ids, at, |o| {
         let a = &o[0];
         let (go, bo) = (
             gamma.map(|_| &o[1]),
@@ -202,6 +292,21 @@ fn layer_norm_impl(
         }
         let red: SmallVec<[bool; 4]> = (0..shape.ndim()).map(|d| norm.contains(&d)).collect();
         let stats_shape = reduced_shape(&shape, &norm, true);
+        #[cfg(feature = "gpu")]
+        if let Some(g) = a.gpu() {
+            let params = (go.and_then(|p| p.gpu()), bo.and_then(|p| p.gpu()));
+            let (y, mean, rstd, _) = crate::backend::wgpu::norm::normalize(
+                OP,
+                g,
+                &norm,
+                &stats_shape,
+                params,
+                eps,
+                None,
+            )?;
+            saved = Some((Stats::Device(mean, rstd), stats_shape, a.dtype));
+            return Ok(Output::device(y, shape, a.dtype));
+        }
         let (buf, mean, var) = dispatch_float!(a.dtype, T => {
             let (one, zero) = ([T::ONE], [T::ZERO]);
             let gm = go.map_or_else(|| Affine::constant(&one, shape.ndim()), |p| Affine::of(p.into(), &shape, false));
@@ -210,26 +315,71 @@ fn layer_norm_impl(
             let rstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
             (buf, buffer_of::<T>(&mean)?, buffer_of::<T>(&rstd)?)
         }, else return Err(engine::unsupported(OP, a)));
-        saved = Some((mean, var, stats_shape, a.dtype));
+        saved = Some((Stats::Host(mean, var), stats_shape, a.dtype));
         Ok(Output::New {
             buf,
             shape,
             dtype: a.dtype,
         })
     })?;
-    if let Some((mean, rstd, stats_shape, dtype)) = saved {
-        autograd::record(&ids, id, || NormRule {
-            op: OP,
-            axes: axes.iter().copied().collect(),
-            channel: false,
-            batch_stats: true,
-            has_gamma: gamma.is_some(),
-            has_beta: beta.is_some(),
-            mean: Saved::new(id, mean, stats_shape.clone(), dtype),
-            rstd: Saved::new(id, rstd, stats_shape, dtype),
+    if let Some((stats, stats_shape, dtype)) = saved {
+        autograd::record(&ids, id, || {
+            let (mean, rstd) = stats.saved(id, &stats_shape, dtype);
+            NormRule {
+                op: OP,
+                axes: axes.iter().copied().collect(),
+                channel: false,
+                batch_stats: true,
+                has_gamma: gamma.is_some(),
+                has_beta: beta.is_some(),
+                mean,
+                rstd,
+            }
         });
     }
     Ok(NDArray { id })
+}
+
+/// `batch_norm`'s batch mean and biased variance, where the op computed them (the
+/// device's mean is in [`Stats`]; its variance is `None` with given statistics).
+enum Batch {
+    Host(Vec<f64>, Vec<f64>),
+    #[cfg(feature = "gpu")]
+    Device(Option<crate::backend::wgpu::GpuBuffer>),
+}
+
+/// One batch statistic a running statistic is updated from.
+enum Stat<'a> {
+    Host(&'a [f64]),
+    #[cfg(feature = "gpu")]
+    Device(&'a crate::backend::wgpu::GpuBuffer),
+}
+
+/// A forward pass's statistics (mean and rstd), where the op computed them.
+enum Stats {
+    Host(crate::engine::Buffer, crate::engine::Buffer),
+    #[cfg(feature = "gpu")]
+    Device(
+        crate::backend::wgpu::GpuBuffer,
+        crate::backend::wgpu::GpuBuffer,
+    ),
+}
+
+impl Stats {
+    /// The statistics as arrays beside the op's result `id`, for its gradient.
+    fn saved(self, id: ArrayId, shape: &Shape, dtype: crate::DType) -> (Saved, Saved) {
+        match self {
+            Stats::Host(m, r) => (
+                Saved::new(id, m, shape.clone(), dtype),
+                Saved::new(id, r, shape.clone(), dtype),
+            ),
+            #[cfg(feature = "gpu")]
+            Stats::Device(m, r) => (
+                Saved::on_device(id, m, shape.clone(), dtype),
+                Saved::on_device(id, r, shape.clone(), dtype),
+            ),
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -260,7 +410,7 @@ fn batch_norm_impl(
     ids.extend(gamma.map(|a| a.id));
     ids.extend(beta.map(|a| a.id));
     let mut saved = None;
-    let id = engine::run_op(OP, &ids, at, |o| {
+    let id = engine::run_op_on(OP, &ids, at, |o| {
         let (a, rm, rv) = (&o[0], &o[1], &o[2]);
         let (go, bo) = (
             gamma.map(|_| &o[3]),
@@ -303,14 +453,41 @@ fn batch_norm_impl(
             ));
         }
         let red: SmallVec<[bool; 4]> = (0..dims.len()).map(|d| d != 1).collect();
+        let mut stats_dims = Dims::from_elem(1, dims.len());
+        stats_dims[1] = c;
+        #[cfg(feature = "gpu")]
+        if let Some(g) = a.gpu() {
+            let stats = Shape(stats_dims);
+            let lay = |p: &Operand<'_>| param_layout(p, &stats, true);
+            let (rml, rvl, gl, bl) = (lay(rm), lay(rv), go.map(lay), bo.map(lay));
+            let params = (
+                go.zip(gl.as_ref()).and_then(|(p, l)| laid(p, l)),
+                bo.zip(bl.as_ref()).and_then(|(p, l)| laid(p, l)),
+            );
+            let given = if training {
+                None
+            } else {
+                laid(rm, &rml).zip(laid(rv, &rvl))
+            };
+            let axes: SmallVec<[usize; 4]> = (0..dims.len()).filter(|&d| d != 1).collect();
+            let (y, mean, rstd, var) =
+                crate::backend::wgpu::norm::normalize(OP, g, &axes, &stats, params, eps, given)?;
+            let batch = Batch::Device(var);
+            saved = Some((
+                Stats::Device(mean, rstd),
+                stats,
+                a.dtype,
+                batch,
+                per_channel,
+            ));
+            return Ok(Output::device(y, shape, a.dtype));
+        }
         let given = (!training).then(|| {
             let read = |o: &Operand<'_>| -> Vec<f64> {
                 dispatch_float!(o.dtype, T => cpu::to_vec::<T>(o).iter().map(|v| v.to_f64()).collect(), else Vec::new())
             };
             (read(rm), read(rv))
         });
-        let mut stats_dims = Dims::from_elem(1, dims.len());
-        stats_dims[1] = c;
         let (buf, mean, var) = dispatch_float!(a.dtype, T => {
             let (one, zero) = ([T::ONE], [T::ZERO]);
             let gm = go.map_or_else(|| Affine::constant(&one, dims.len()), |p| Affine::of(p.into(), &shape, true));
@@ -320,48 +497,76 @@ fn batch_norm_impl(
         let rstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
         let (mb, rb) = dispatch_float!(a.dtype, T => (buffer_of::<T>(&mean)?, buffer_of::<T>(&rstd)?),
             else unreachable!("checked above"));
-        saved = Some((mb, rb, Shape(stats_dims), a.dtype, mean, var, per_channel));
+        saved = Some((
+            Stats::Host(mb, rb),
+            Shape(stats_dims),
+            a.dtype,
+            Batch::Host(mean, var),
+            per_channel,
+        ));
         Ok(Output::New {
             buf,
             shape,
             dtype: a.dtype,
         })
     })?;
-    let Some((mb, rb, stats_shape, dtype, mean, var, count)) = saved else {
+    let Some((stats, stats_shape, dtype, batch, count)) = saved else {
         unreachable!("set by the op");
     };
     if training && count > 1 {
         // PyTorch's rule: running = (1 - momentum) * running + momentum * batch, with the
         // unbiased batch variance for running_var.
         let unbias = count as f64 / (count - 1) as f64;
-        let update = |target: NDArray, batch: &[f64], scale: f64| {
-            engine::run_inplace(target.id, &[], |mut t, _| {
-                dispatch_float!(t.dtype, T => {
-                    update_running::<T>((&mut t).into(), batch, momentum, scale)
-                }, else unreachable!("checked by the op"));
-                Ok(())
+        let update = |target: NDArray, batch: Stat<'_>, scale: f64| {
+            engine::run_inplace_on(OP, target.id, &[], |mut t, _| match batch {
+                Stat::Host(batch) => {
+                    dispatch_float!(t.dtype, T => {
+                        update_running::<T>((&mut t).into(), batch, momentum, scale)
+                    }, else unreachable!("checked by the op"));
+                    Ok(())
+                }
+                #[cfg(feature = "gpu")]
+                Stat::Device(buf) => {
+                    let tv = t.gpu().expect("on the input's device: checked by the op");
+                    let l = Layout::contiguous(tv.layout.shape.clone());
+                    let bv = crate::backend::wgpu::kernels::View {
+                        buf,
+                        layout: &l,
+                        dtype: tv.dtype,
+                    };
+                    crate::backend::wgpu::norm::update_running(OP, tv, bv, momentum, scale)
+                }
             })
         };
-        if let Err(e) =
-            update(running_mean, &mean, 1.0).and_then(|_| update(running_var, &var, unbias))
-        {
+        let (m, v) = match (&batch, &stats) {
+            (Batch::Host(m, v), _) => (Stat::Host(m), Stat::Host(v)),
+            #[cfg(feature = "gpu")]
+            (Batch::Device(Some(v)), Stats::Device(m, _)) => (Stat::Device(m), Stat::Device(v)),
+            #[cfg(feature = "gpu")]
+            _ => unreachable!("a device pass computed its batch statistics"),
+        };
+        if let Err(e) = update(running_mean, m, 1.0).and_then(|_| update(running_var, v, unbias)) {
             engine::close_array(id, at);
             return Err(e);
         }
     }
+    drop(batch); // the device's variance buffer, once the update is queued
     let mut rec: SmallVec<[ArrayId; 3]> = smallvec![x.id];
     rec.extend(gamma.map(|a| a.id));
     rec.extend(beta.map(|a| a.id));
     let ndim = stats_shape.ndim();
-    autograd::record(&rec, id, || NormRule {
-        op: OP,
-        axes: (0..ndim as isize).filter(|&d| d != 1).collect(),
-        channel: true,
-        batch_stats: training,
-        has_gamma: gamma.is_some(),
-        has_beta: beta.is_some(),
-        mean: Saved::new(id, mb, stats_shape.clone(), dtype),
-        rstd: Saved::new(id, rb, stats_shape, dtype),
+    autograd::record(&rec, id, || {
+        let (mean, rstd) = stats.saved(id, &stats_shape, dtype);
+        NormRule {
+            op: OP,
+            axes: (0..ndim as isize).filter(|&d| d != 1).collect(),
+            channel: true,
+            batch_stats: training,
+            has_gamma: gamma.is_some(),
+            has_beta: beta.is_some(),
+            mean,
+            rstd,
+        }
     });
     Ok(NDArray { id })
 }

@@ -41,6 +41,7 @@ pub(crate) mod gather;
 pub(crate) mod inplace;
 pub(crate) mod kernels;
 pub(crate) mod math;
+pub(crate) mod norm;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod rows;
