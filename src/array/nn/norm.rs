@@ -109,7 +109,7 @@ impl Backward for NormRule {
                     batch_stats,
                     (ga.as_deref(), ba.as_deref()),
                 )?;
-                sums = Some((ParamSums::Device(dg, db), xv.dtype));
+                sums = Some(((ParamSum::Device(dg), ParamSum::Device(db)), xv.dtype));
                 return Ok(Output::device(dx, shape, xv.dtype));
             }
             // Where a parameter's gradient is summed (a dummy cell when not wanted).
@@ -150,7 +150,10 @@ impl Backward for NormRule {
                 let (mv, rv) = (stat(&o[2]), stat(&o[3]));
                 normalize_grad_kernel::<T>(xv.into(), gv.into(), &red, &gm, (&mv, &rv), batch_stats, targets)?
             }, else return Err(engine::unsupported(op, xv)));
-            sums = Some((ParamSums::Host(out.dgamma, out.dbeta), xv.dtype));
+            sums = Some((
+                (ParamSum::Host(out.dgamma), ParamSum::Host(out.dbeta)),
+                xv.dtype,
+            ));
             Ok(Output::New {
                 buf: out.dx,
                 shape,
@@ -158,7 +161,7 @@ impl Backward for NormRule {
             })
         })?;
         let dx = NDArray { id };
-        let Some((sums, dtype)) = sums else {
+        let Some(((dgamma, dbeta), dtype)) = sums else {
             unreachable!("set by the op");
         };
         let mut grads: Grads = smallvec![None];
@@ -168,7 +171,6 @@ impl Backward for NormRule {
             dx.close();
         }
         // A parameter's gradient from its sums (beside `g`).
-        let (dgamma, dbeta) = sums.split();
         let param = |sum: ParamSum, shape: Shape| -> Result<NDArray> {
             let id = engine::run_op_on(op, &[g.id], Location::caller(), |_| match sum {
                 ParamSum::Host(v) => {
@@ -193,31 +195,12 @@ impl Backward for NormRule {
     }
 }
 
-/// Gamma's and beta's gradient sums, where the gradient pass computed them.
-enum ParamSums {
-    Host(Vec<f64>, Vec<f64>),
-    #[cfg(feature = "gpu")]
-    Device(
-        Option<crate::backend::wgpu::GpuBuffer>,
-        Option<crate::backend::wgpu::GpuBuffer>,
-    ),
-}
-
-/// One parameter's gradient sum.
+/// One parameter's gradient sum (gamma's or beta's), where the gradient pass computed
+/// it.
 enum ParamSum {
     Host(Vec<f64>),
     #[cfg(feature = "gpu")]
     Device(Option<crate::backend::wgpu::GpuBuffer>),
-}
-
-impl ParamSums {
-    fn split(self) -> (ParamSum, ParamSum) {
-        match self {
-            ParamSums::Host(a, b) => (ParamSum::Host(a), ParamSum::Host(b)),
-            #[cfg(feature = "gpu")]
-            ParamSums::Device(a, b) => (ParamSum::Device(a), ParamSum::Device(b)),
-        }
-    }
 }
 
 /// The layout of a parameter `p` as it broadcasts to the input: a `batch_norm` `[C]`

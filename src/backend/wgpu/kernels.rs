@@ -195,11 +195,39 @@ pub(crate) fn elementwise_with(
     if n == 0 {
         return Ok(dst);
     }
-    let ts: Vec<&str> = inputs.iter().map(|v| wgsl_type(v.dtype)).collect();
-    // (The kernel is a function of the op, `expr` and the types: an op's `funcs` is
-    // fixed, or follows from `expr`.)
-    let key = format!("ew {op} {expr} {ts:?} {}", wgsl_type(out));
-    let pipeline = ctx.pipeline(&key, (inputs.len(), 1), || {
+    let ts: SmallVec<[&str; 3]> = inputs.iter().map(|v| wgsl_type(v.dtype)).collect();
+    // The kernel is a function of the op, `expr` and the types (an op's `funcs` is
+    // fixed, or follows from `expr`); its key is written into a reused string, so a
+    // launch allocates nothing here.
+    thread_local!(static KEY: std::cell::RefCell<String> = Default::default());
+    let pipeline = KEY.with_borrow_mut(|key| {
+        key.clear();
+        for part in ["ew ", op, " ", expr] {
+            key.push_str(part);
+        }
+        for t in ts.iter().chain([&wgsl_type(out)]) {
+            key.push(' ');
+            key.push_str(t);
+        }
+        elementwise_pipeline(ctx, key, inputs.len(), &ts, out, funcs, expr)
+    });
+    let reads: SmallVec<[&GpuBuffer; 3]> = inputs.iter().map(|v| v.buf).collect();
+    ctx.launch(pipeline, &prm, &reads, &[&dst], grid(n));
+    Ok(dst)
+}
+
+/// The elementwise kernel of `key`: inputs of types `ts`, output `out`, `funcs` and
+/// `expr` as [`elementwise_with`] takes them.
+fn elementwise_pipeline(
+    ctx: &Ctx,
+    key: &str,
+    n_in: usize,
+    ts: &[&str],
+    out: DType,
+    funcs: &str,
+    expr: &str,
+) -> &'static super::Kernel {
+    ctx.pipeline(key, (n_in, 1), || {
         let mut src = String::from("@group(0) @binding(0) var<storage, read> prm: array<i32>;\n");
         let names = ["x", "y", "z"];
         for (k, t) in ts.iter().enumerate() {
@@ -210,7 +238,7 @@ pub(crate) fn elementwise_with(
         }
         src += &format!(
             "@group(0) @binding({}) var<storage, read_write> dst: array<{}>;\n",
-            inputs.len() + 1,
+            n_in + 1,
             wgsl_type(out)
         );
         src += INDEX_FN;
@@ -218,15 +246,12 @@ pub(crate) fn elementwise_with(
         src += "@compute @workgroup_size(256)\nfn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) w: vec3<u32>) {\n";
         src += "    let i = g.x + g.y * w.x * 256u;\n    if (i >= u32(prm[0])) { return; }\n";
         src += &format!("    let s = {};\n", scalar_wgsl(ts[0], 2));
-        for (k, name) in names.iter().enumerate().take(inputs.len()) {
+        for (k, name) in names.iter().enumerate().take(n_in) {
             src += &format!("    let {name} = in{k}[at(i, {k}u)];\n");
         }
         src += &format!("    dst[i] = {expr};\n}}\n");
         src
-    });
-    let reads: SmallVec<[&GpuBuffer; 3]> = inputs.iter().map(|v| v.buf).collect();
-    ctx.launch(pipeline, &prm, &reads, &[&dst], grid(n));
-    Ok(dst)
+    })
 }
 
 /// The WGSL of `op` over operands `x` and `y` in type `t`; `None` where the device has
@@ -287,8 +312,27 @@ fn numeric(t: DType) -> bool {
 /// `a op b`, broadcast to `shape`.
 pub(crate) fn binary(op: BinOp, a: View<'_>, b: View<'_>, shape: &Shape) -> Result<GpuBuffer> {
     let ctx = a.buf.ctx();
-    let expr = binop_expr(op, a.dtype, "x", "y").ok_or_else(|| unsupported(op.name(), ctx))?;
-    elementwise(op.name(), &[a, b], shape, a.dtype, &expr, 0)
+    let expr = binop_static(op, a.dtype, "x", "y").ok_or_else(|| unsupported(op.name(), ctx))?;
+    elementwise(op.name(), &[a, b], shape, a.dtype, expr, 0)
+}
+
+/// [`binop_expr`] of operands named by literals, built once and kept for the process
+/// (a bounded set, as the pipelines: one per op, dtype and operand order), so a launch
+/// formats nothing.
+fn binop_static(op: BinOp, t: DType, x: &'static str, y: &'static str) -> Option<&'static str> {
+    type Entry = (
+        (BinOp, DType, &'static str, &'static str),
+        Option<&'static str>,
+    );
+    static MADE: parking_lot::Mutex<Vec<Entry>> = parking_lot::Mutex::new(Vec::new());
+    let key = (op, t, x, y);
+    let mut made = MADE.lock();
+    if let Some((_, e)) = made.iter().find(|(k, _)| *k == key) {
+        return *e;
+    }
+    let e = binop_expr(op, t, x, y).map(|s| &*Box::leak(s.into_boxed_str()));
+    made.push((key, e));
+    e
 }
 
 /// `a op s` (or `s op a` when `left`).
@@ -296,8 +340,8 @@ pub(crate) fn binary(op: BinOp, a: View<'_>, b: View<'_>, shape: &Shape) -> Resu
 pub(crate) fn binary_scalar(op: BinOp, a: View<'_>, bits: u64, left: bool) -> Result<GpuBuffer> {
     let ctx = a.buf.ctx();
     let (x, y) = if left { ("s", "x") } else { ("x", "s") };
-    let expr = binop_expr(op, a.dtype, x, y).ok_or_else(|| unsupported(op.name(), ctx))?;
-    elementwise(op.name(), &[a], &a.layout.shape, a.dtype, &expr, bits)
+    let expr = binop_static(op, a.dtype, x, y).ok_or_else(|| unsupported(op.name(), ctx))?;
+    elementwise(op.name(), &[a], &a.layout.shape, a.dtype, expr, bits)
 }
 
 fn cmp_symbol(op: CmpOp) -> &'static str {
