@@ -42,7 +42,7 @@ use crate::backend::cpu::gather::index_select_kernel;
 
 /// The values of an integer index operand in row-major order; float and Bool index
 /// arrays are `UnsupportedDType`.
-fn index_values(op: &'static str, ix: &Operand<'_>) -> Result<Vec<i64>> {
+pub(crate) fn index_values(op: &'static str, ix: &Operand<'_>) -> Result<Vec<i64>> {
     match ix.dtype {
         DType::F32 | DType::F64 | DType::Bool => Err(engine::unsupported(op, ix)),
         _ => engine::host_copy(ix, |h| {

@@ -18,6 +18,7 @@ mod softmax;
 use super::NDArray;
 use super::ops::{broadcast_shape, same_dtype};
 use crate::DType;
+use crate::array::gather::index_values;
 use crate::array::grad::zero_like;
 use crate::autograd::{self, Backward, BackwardCtx, Grads};
 use crate::backend::cpu;
@@ -43,12 +44,7 @@ fn one_hot_impl(x: NDArray, depth: usize, dtype: DType, at: SourceLocation) -> R
         let total = shape.checked_size().ok_or_else(|| {
             NdError::shape(OP, format!("the result shape {shape} overflows usize"))
         })?;
-        let indices: Vec<i64> = engine::host_copy(a, |h| {
-            dispatch!(h.dtype, T => cpu::to_vec::<T>(h)
-                .into_iter()
-                .map(|v| v.to_i64())
-                .collect())
-        })?;
+        let indices = index_values(OP, a)?;
         if let Some(&bad) = indices.iter().find(|&&i| i < 0 || i as u64 >= depth as u64) {
             return Err(NdError::Index {
                 op: OP,
@@ -303,15 +299,7 @@ pub(super) fn float_operands(
 /// Class ids / row ids of an integer operand as `i64` (float and Bool are
 /// `UnsupportedDType`), each checked to lie in `0..limit` (else `Index`, naming `what`).
 fn int_ids(op: &'static str, ids: &Operand<'_>, limit: usize, what: &str) -> Result<Vec<i64>> {
-    if ids.dtype.is_float() || ids.dtype == DType::Bool {
-        return Err(engine::unsupported(op, ids));
-    }
-    let v: Vec<i64> = engine::host_copy(ids, |h| {
-        dispatch!(h.dtype, T => cpu::to_vec::<T>(h)
-            .into_iter()
-            .map(|v| v.to_i64())
-            .collect())
-    })?;
+    let v = index_values(op, ids)?;
     if let Some(&bad) = v.iter().find(|&&i| i < 0 || i as u64 >= limit as u64) {
         return Err(NdError::Index {
             op,
