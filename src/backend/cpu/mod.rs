@@ -18,7 +18,8 @@
 //!   max and average pooling (the window geometry is [`crate::backend::window`],
 //!   shared with the GPU);
 //! * [`grad`]: adding a (scaled, possibly broadcast) gradient into a parameter's;
-//! * [`fork`](mod@fork): when a large kernel may split its work across threads, and where.
+//! * [`fork`](mod@fork): when a large kernel may split its work across threads, and where;
+//!   [`simd`]: running a loop compiled for the widest vector unit the CPU has.
 
 #[cfg(feature = "openblas")]
 mod blas;
@@ -40,6 +41,7 @@ pub(crate) mod norm;
 pub(crate) mod pool;
 pub(crate) mod pool2d;
 pub(crate) mod reduce;
+pub(crate) mod simd;
 pub(crate) mod strided;
 #[cfg(test)]
 mod tests;

@@ -1,13 +1,34 @@
-//! The normalisation kernel behind `layer_norm` and `batch_norm` (group statistics,
-//! then `(x - mean) / sqrt(var + eps) * gamma + beta`), and `batch_norm`'s in-place
-//! update of its running statistics.
+//! The normalisation kernels behind `layer_norm` and `batch_norm` (group statistics,
+//! then `(x - mean) / sqrt(var + eps) * gamma + beta`, and its gradient), and
+//! `batch_norm`'s in-place update of its running statistics.
+//!
+//! # How the work is split
+//! A *group* is the set of elements that agree on the kept axes (a sample for
+//! `layer_norm`, a channel for `batch_norm`); the statistics are per group. Each kernel
+//! runs in two phases, each split across threads when large (see `fork`):
+//! 1. **Per group**, reading only: the statistics (forward) or the gradient's group sums
+//!    (backward). Groups are independent, so they run in parallel; parameter gradients
+//!    summed element by element (`layer_norm`'s gamma) go into one accumulator per
+//!    *part*, a fixed run of groups, added in part order at the end. The parts depend on
+//!    the sizes only, never on the thread count, so the bits do not either.
+//! 2. **Per element**, writing: an elementwise pass over the result in row-major order
+//!    that reads each element's group values through a *group index* (a stride per axis:
+//!    the kept axes' row-major strides, 0 on the normalised ones). The result is
+//!    contiguous, so it splits into disjoint runs along its first long axis.
+//!
+//! Rows are processed in chunks of [`CHUNK`] elements loaded into small arrays (a
+//! contiguous operand is one copy, a broadcast one a fill), so the arithmetic is
+//! straight loops over arrays, which vectorise whatever the operands' strides.
 
 use super::buffer::{Buffer, new_overwritten};
+use super::fork::{PARALLEL_ELEMS, fork, may_fork};
+use super::simd::widest;
 use super::strided::{Strided, StridedMut};
 use crate::dtype::{Float, Native};
 use crate::error::Result;
 use crate::layout::{Strides, for_each_row};
 use crate::shape::{Dims, Shape};
+use rayon::prelude::*;
 
 /// A per-element affine operand (`gamma`, `beta`) seen with one stride per axis of the
 /// normalised array.
@@ -44,13 +65,252 @@ impl<'a, T: Native> Affine<'a, T> {
     }
 }
 
-/// Split `s` (one entry per axis) into the kept axes and the normalised ones.
-fn split_axes(s: &[isize], red: &[bool]) -> (Strides, Strides) {
-    let (mut kept, mut norm) = (Strides::new(), Strides::new());
-    for (d, &v) in s.iter().enumerate() {
-        if red[d] { norm.push(v) } else { kept.push(v) }
+/// Elements of a row loaded into the chunk arrays at a time.
+const CHUNK: usize = 64;
+
+/// Independent f64 sums a group's statistics keep (so the loops vectorise).
+const LANES: usize = 8;
+
+/// At most this many parts sum a gradient per element (each has its own accumulator).
+const MAX_PARTS: usize = 4;
+
+/// The groups of a normalisation of an array of shape `dims` over the axes `red`.
+struct Groups<'a> {
+    dims: &'a [usize],
+    red: &'a [bool],
+    /// The normalised axes' sizes.
+    nd: Dims,
+    /// How many groups, and elements per group.
+    count: usize,
+    m: usize,
+    /// One stride per axis of `x`: a group's row-major index over the kept axes (0 on
+    /// the normalised ones).
+    index: Strides,
+}
+
+impl<'a> Groups<'a> {
+    fn new(dims: &'a [usize], red: &'a [bool]) -> Groups<'a> {
+        let mut index = Strides::from_elem(0, dims.len());
+        let (mut count, mut nd) = (1usize, Dims::new());
+        for d in (0..dims.len()).rev() {
+            if red[d] {
+                nd.insert(0, dims[d]);
+            } else {
+                index[d] = count as isize;
+                count *= dims[d];
+            }
+        }
+        let m = nd.iter().product();
+        Groups {
+            dims,
+            red,
+            nd,
+            count,
+            m,
+            index,
+        }
     }
-    (kept, norm)
+
+    /// Where group `gi` starts through strides `s` (one per axis) from `base`.
+    fn start(&self, gi: usize, s: &[isize], base: usize) -> usize {
+        let (mut rest, mut off) = (gi, base as isize);
+        for d in (0..self.dims.len()).rev().filter(|&d| !self.red[d]) {
+            off += (rest % self.dims[d]) as isize * s[d];
+            rest /= self.dims[d];
+        }
+        off as usize
+    }
+
+    /// The normalised axes' entries of `s`.
+    fn inner(&self, s: &[isize]) -> Strides {
+        s.iter()
+            .zip(self.red)
+            .filter_map(|(&v, &r)| r.then_some(v))
+            .collect()
+    }
+}
+
+/// Elements above which a normalisation splits its phases across threads (the digits
+/// CNN's [32,16,8,8] activations run faster on one).
+const PARALLEL_NORM: usize = PARALLEL_ELEMS / 4;
+
+/// Whether `work` elements are worth splitting across threads, and this thread may.
+fn parallel(work: usize) -> bool {
+    work >= PARALLEL_NORM && may_fork()
+}
+
+/// `f(i)` for `i` in `0..n`, in parallel when `par`.
+fn map_range<R: Send>(n: usize, par: bool, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
+    if par && n > 1 {
+        fork(|| (0..n).into_par_iter().map(&f).collect())
+    } else {
+        (0..n).map(f).collect()
+    }
+}
+
+/// Write the contiguous `out` (shape `dims`) row by row: `f(offsets, len, steps, dst)`
+/// for each row of the walk over `dims` of operands `strides` (one entry per axis each)
+/// from `base`, `dst` being that row's `len` elements of `out`, compiled for the widest
+/// vector unit (mark `f` `#[inline(always)]`). When `par`, the runs along the first axis
+/// longer than 1 are written in parallel.
+fn write_rows<T: Native, const K: usize>(
+    dims: &[usize],
+    strides: [&[isize]; K],
+    base: [usize; K],
+    out: &mut [T],
+    par: bool,
+    f: impl Fn([isize; K], usize, [isize; K], &mut [T]) + Sync,
+) {
+    let run = |dims: &[usize], strides: [&[isize]; K], base: [usize; K], out: &mut [T]| {
+        let mut pos = 0;
+        for_each_row(dims, strides, base, |o, len, st| {
+            let dst = &mut out[pos..pos + len];
+            widest(
+                #[inline(always)]
+                || f(o, len, st, dst),
+            );
+            pos += len;
+        });
+    };
+    let axis = dims.iter().position(|&d| d > 1).unwrap_or(0);
+    let inner: usize = dims.iter().skip(axis + 1).product();
+    if !par || inner < CHUNK || out.is_empty() {
+        return run(dims, strides, base, out);
+    }
+    let sub = strides.map(|s| &s[axis + 1..]);
+    fork(|| {
+        out.par_chunks_mut(inner)
+            .with_min_len((PARALLEL_NORM / 8 / inner).max(1))
+            .enumerate()
+            .for_each(|(i, dst)| {
+                let at = std::array::from_fn(|k| {
+                    (base[k] as isize + i as isize * strides[k][axis]) as usize
+                });
+                run(&dims[axis + 1..], sub, at, dst)
+            })
+    });
+}
+
+/// `out[i] = f(d[p + i*s])` (a contiguous run is one vectorised loop, a broadcast one a
+/// fill).
+#[inline(always)]
+fn load<S: Copy, D: Copy>(d: &[S], p: isize, s: isize, out: &mut [D], f: impl Fn(S) -> D) {
+    match s {
+        1 => {
+            let src = &d[p as usize..p as usize + out.len()];
+            for (o, &v) in out.iter_mut().zip(src) {
+                *o = f(v);
+            }
+        }
+        0 => out.fill(f(d[p as usize])),
+        _ => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = f(d[(p + i as isize * s) as usize]);
+            }
+        }
+    }
+}
+
+/// `lanes[j % LANES] += f(v[j])`.
+#[inline(always)]
+fn add_lanes(lanes: &mut [f64; LANES], v: &[f64], f: impl Fn(f64) -> f64) {
+    let quads = v.chunks_exact(LANES);
+    let rest = quads.remainder();
+    for q in quads {
+        for j in 0..LANES {
+            lanes[j] += f(q[j]);
+        }
+    }
+    for (j, &e) in rest.iter().enumerate() {
+        lanes[j] += f(e);
+    }
+}
+
+/// The sum of the lanes, pairwise.
+fn lanes_total(l: &[f64; LANES]) -> f64 {
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+}
+
+/// One step of [`in_chunks`]: load elements `range` of the chunk buffers from the
+/// operands at these offsets and steps, or use the first `k` elements (`Flush`).
+enum Step<const K: usize> {
+    Load([isize; K], [isize; K], std::ops::Range<usize>),
+    Flush(usize),
+}
+
+/// Walk one group (the normalised axes `nd`, each operand's strides along them, from
+/// `at`) in chunks of [`CHUNK`] elements, whatever rows the walk takes: the group's
+/// element `i` sits at position `i % CHUNK` of its chunk, so its lane in a sum is the
+/// same for a view as for its contiguous copy, and so are the bits of the sum.
+/// `step(Load(..))` fills part of the chunk, `step(Flush(k))` uses a chunk of `k`; each
+/// call runs compiled for the widest vector unit (mark `step` `#[inline(always)]`).
+fn in_chunks<const K: usize>(
+    nd: &[usize],
+    inner: [&[isize]; K],
+    at: [usize; K],
+    mut step: impl FnMut(Step<K>),
+) {
+    let mut fill = 0;
+    for_each_row(nd, inner, at, |o, n, st| {
+        let mut done = 0;
+        while done < n {
+            let take = (CHUNK - fill).min(n - done);
+            let p = std::array::from_fn(|j| o[j] + done as isize * st[j]);
+            widest(
+                #[inline(always)]
+                || step(Step::Load(p, st, fill..fill + take)),
+            );
+            (fill, done) = (fill + take, done + take);
+            if fill == CHUNK {
+                widest(
+                    #[inline(always)]
+                    || step(Step::Flush(CHUNK)),
+                );
+                fill = 0;
+            }
+        }
+    });
+    if fill > 0 {
+        widest(
+            #[inline(always)]
+            || step(Step::Flush(fill)),
+        );
+    }
+}
+
+/// `Σ f(x)` over one group (f64 lanes).
+fn group_sum<T: Native>(
+    xd: &[T],
+    start: usize,
+    nd: &[usize],
+    xn: &[isize],
+    f: impl Fn(f64) -> f64,
+) -> f64 {
+    let (mut buf, mut lanes) = ([0.0f64; CHUNK], [0.0; LANES]);
+    in_chunks(
+        nd,
+        [xn],
+        [start],
+        #[inline(always)]
+        |step| match step {
+            Step::Load(p, st, r) => load(xd, p[0], st[0], &mut buf[r], |v| v.to_f64()),
+            Step::Flush(k) => add_lanes(&mut lanes, &buf[..k], &f),
+        },
+    );
+    lanes_total(&lanes)
+}
+
+/// One group's mean and biased variance (f64, two passes over the group).
+fn group_stats<T: Native>(
+    xd: &[T],
+    start: usize,
+    nd: &[usize],
+    xn: &[isize],
+    m: usize,
+) -> (f64, f64) {
+    let mean = group_sum(xd, start, nd, xn, |v| v) / m as f64;
+    let var = group_sum(xd, start, nd, xn, |v| (v - mean) * (v - mean)) / m as f64;
+    (mean, var)
 }
 
 /// The normalisation kernel: for every group of elements that agree on the kept axes
@@ -66,71 +326,61 @@ pub(crate) fn normalize_kernel<T: Float>(
     eps: f64,
     given: Option<(Vec<f64>, Vec<f64>)>,
 ) -> Result<(Buffer, Vec<f64>, Vec<f64>)> {
-    let l = x.layout;
-    let dims = l.shape.dims();
-    let xd = x.data;
-    let ys = l.shape.contiguous_strides();
-    let (kd, nd): (Dims, Dims) = {
-        let (mut k, mut n) = (Dims::new(), Dims::new());
-        for (d, &v) in dims.iter().enumerate() {
-            if red[d] { n.push(v) } else { k.push(v) }
+    let (l, xd) = (x.layout, x.data);
+    let gr = Groups::new(l.shape.dims(), red);
+    let par = parallel(l.size());
+    let (means, vars): (Vec<f64>, Vec<f64>) = match given {
+        Some(stats) => stats,
+        None => {
+            let xn = gr.inner(&l.strides);
+            map_range(gr.count, par && gr.m >= CHUNK, |gi| {
+                let start = gr.start(gi, &l.strides, l.offset);
+                group_stats(xd, start, &gr.nd, &xn, gr.m)
+            })
+            .into_iter()
+            .unzip()
         }
-        (k, n)
     };
-    let m: usize = nd.iter().product();
-    let (xk, xn) = split_axes(&l.strides, red);
-    let (yk, yn) = split_axes(&ys, red);
-    let (gk, gn) = split_axes(&gamma.strides, red);
-    let (bk, bn) = split_axes(&beta.strides, red);
-    let groups: usize = kd.iter().product();
-    let (mut means, mut vars) = match given {
-        Some((mm, vv)) => (mm, vv),
-        None => (Vec::with_capacity(groups), Vec::with_capacity(groups)),
-    };
-    let compute = means.is_empty() && groups > 0;
+    // The write pass's per-group values, in `T` (`(x - mean) * rstd * gamma + beta`).
+    let mu: Vec<T> = means.iter().map(|&v| T::from_f64(v)).collect();
+    let rs: Vec<T> = vars
+        .iter()
+        .map(|&v| T::from_f64(1.0 / (v + eps).sqrt()))
+        .collect();
+    let strides = [&l.strides[..], &gamma.strides, &beta.strides, &gr.index];
+    let base = [l.offset, gamma.offset, beta.offset, 0];
     let buf = new_overwritten::<T>(l.size(), |out| {
-        if l.size() == 0 && !compute {
-            return;
-        }
-        let mut gi = 0usize;
-        for_each_row(
-            &kd,
-            [&xk, &yk, &gk, &bk],
-            [l.offset, 0, gamma.offset, beta.offset],
-            |off, len, s| {
-                for r in 0..len as isize {
-                    let o: [usize; 4] = std::array::from_fn(|k| (off[k] + r * s[k]) as usize);
-                    let (mean, var) = if compute {
-                        let mut sum = 0.0;
-                        for_each_row(&nd, [&xn], [o[0]], |p, n, st| {
-                            for i in 0..n as isize {
-                                sum += xd[(p[0] + i * st[0]) as usize].to_f64();
-                            }
-                        });
-                        let mean = sum / m as f64;
-                        let mut sq = 0.0;
-                        for_each_row(&nd, [&xn], [o[0]], |p, n, st| {
-                            for i in 0..n as isize {
-                                let d = xd[(p[0] + i * st[0]) as usize].to_f64() - mean;
-                                sq += d * d;
-                            }
-                        });
-                        let var = sq / m as f64;
-                        means.push(mean);
-                        vars.push(var);
-                        (mean, var)
-                    } else {
-                        (means[gi], vars[gi])
-                    };
-                    gi += 1;
-                    let (mu, rstd) = (T::from_f64(mean), T::from_f64(1.0 / (var + eps).sqrt()));
-                    for_each_row(&nd, [&xn, &yn, &gn, &bn], o, |p, n, st| {
-                        for i in 0..n as isize {
-                            let at = |k: usize| (p[k] + i * st[k]) as usize;
-                            let v = xd[at(0)].sub(mu).mul(rstd);
-                            out[at(1)] = v.mul(gamma.data[at(2)]).add(beta.data[at(3)]);
+        write_rows(
+            gr.dims,
+            strides,
+            base,
+            out,
+            par,
+            #[inline(always)]
+            |o, len, st, dst| {
+                let [mut xs, mut gs, mut bs, mut ms, mut ss] = [[T::ZERO; CHUNK]; 5];
+                for c0 in (0..len).step_by(CHUNK) {
+                    let k = CHUNK.min(len - c0);
+                    let at = |j: usize| o[j] + c0 as isize * st[j];
+                    let (xs, gs, bs) = (&mut xs[..k], &mut gs[..k], &mut bs[..k]);
+                    load(xd, at(0), st[0], xs, |v| v);
+                    load(gamma.data, at(1), st[1], gs, |v| v);
+                    load(beta.data, at(2), st[2], bs, |v| v);
+                    let dst = &mut dst[c0..c0 + k];
+                    if st[3] == 0 {
+                        // One group along the row (the usual case).
+                        let (m, r) = (mu[at(3) as usize], rs[at(3) as usize]);
+                        for i in 0..k {
+                            dst[i] = xs[i].sub(m).mul(r).mul(gs[i]).add(bs[i]);
                         }
-                    });
+                    } else {
+                        let (ms, ss) = (&mut ms[..k], &mut ss[..k]);
+                        load(&mu, at(3), st[3], ms, |v| v);
+                        load(&rs, at(3), st[3], ss, |v| v);
+                        for i in 0..k {
+                            dst[i] = xs[i].sub(ms[i]).mul(ss[i]).mul(gs[i]).add(bs[i]);
+                        }
+                    }
                 }
             },
         );
@@ -151,28 +401,6 @@ pub(crate) fn update_running<T: Native>(
     for (ch, &b) in batch.iter().enumerate() {
         let e = &mut d[(off + ch as isize * stride) as usize];
         *e = T::from_f64((1.0 - momentum) * e.to_f64() + momentum * b * scale);
-    }
-}
-
-/// Elements of a row that [`normalize_grad_kernel`] converts to f64 at a time.
-const CHUNK: usize = 64;
-
-/// `out[i] = d[p + i*s]` as f64 (a contiguous row converts as one vectorised loop).
-#[inline(always)]
-fn load<T: Native>(d: &[T], p: isize, s: isize, out: &mut [f64]) {
-    match s {
-        1 => {
-            let src = &d[p as usize..p as usize + out.len()];
-            for (o, v) in out.iter_mut().zip(src) {
-                *o = v.to_f64();
-            }
-        }
-        0 => out.fill(d[p as usize].to_f64()),
-        _ => {
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = d[(p + i as isize * s) as usize].to_f64();
-            }
-        }
     }
 }
 
@@ -206,13 +434,13 @@ pub(crate) struct SumInto<'a> {
     pub size: usize,
 }
 
-/// The gradient of [`normalize_kernel`] in two passes over each group (f64
-/// accumulation), in place of a dozen whole-array ops: with `xhat = (x - mean) * rstd`
-/// and `dxhat = g * gamma`, `dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat *
-/// xhat))` when the statistics came from the group (`batch_stats`), else `dxhat * rstd`;
-/// and gamma's and beta's gradients, `g * xhat` and `g` summed into `sums`. `g` has
-/// `x`'s shape (any strides, broadcast included); `mean` and `rstd` hold one value per
-/// group, in row-major order of the kept axes.
+/// The gradient of [`normalize_kernel`] in two phases (f64 accumulation), in place of a
+/// dozen whole-array ops: with `xhat = (x - mean) * rstd` and `dxhat = g * gamma`,
+/// `dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))` when the statistics
+/// came from the group (`batch_stats`), else `dxhat * rstd`; and gamma's and beta's
+/// gradients, `g * xhat` and `g` summed into `sums`. `g` has `x`'s shape (any strides,
+/// broadcast included); `mean` and `rstd` hold one value per group, in row-major order
+/// of the kept axes.
 pub(crate) fn normalize_grad_kernel<T: Float>(
     x: Strided<'_, T>,
     g: Strided<'_, T>,
@@ -222,123 +450,153 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
     batch_stats: bool,
     [sg_into, sb_into]: [SumInto<'_>; 2],
 ) -> Result<NormGrad> {
-    let l = x.layout;
-    let dims = l.shape.dims();
-    let (xd, gd) = (x.data, g.data);
+    let (l, xd, gd) = (x.layout, x.data, g.data);
     let gs = g.layout.broadcast_strides(&l.shape);
-    let ys = l.shape.contiguous_strides();
-    let (mut kd, mut nd) = (Dims::new(), Dims::new());
-    for (d, &v) in dims.iter().enumerate() {
-        if red[d] { nd.push(v) } else { kd.push(v) }
-    }
-    let m = nd.iter().product::<usize>() as f64;
-    let (xk, xn) = split_axes(&l.strides, red);
-    let (gk, gn) = split_axes(&gs, red);
-    let (yk, yn) = split_axes(&ys, red);
-    let (ck, cn) = split_axes(&gamma.strides, red);
-    let (ak, an) = split_axes(sg_into.strides, red);
-    let (bk, bn) = split_axes(sb_into.strides, red);
-    let (mut dgamma, mut dbeta) = (vec![0.0; sg_into.size], vec![0.0; sb_into.size]);
-    // Each group sums into one cell of both (batch_norm's channels, an unwanted
-    // parameter's dummy): in registers, then once per group; else element by element.
-    let per_element = an.iter().chain(&bn).any(|&s| s != 0);
-    let dx = new_overwritten::<T>(l.size(), |out| {
-        if l.size() == 0 {
-            return;
-        }
-        let mut gi = 0usize;
-        for_each_row(
-            &kd,
-            [&xk, &gk, &yk, &ck, &ak, &bk],
-            [l.offset, g.layout.offset, 0, gamma.offset, 0, 0],
-            |off, len, s| {
-                for r in 0..len as isize {
-                    let o: [usize; 6] = std::array::from_fn(|k| (off[k] + r * s[k]) as usize);
-                    let (mu, rs) = (mean[gi], rstd[gi]);
-                    gi += 1;
-                    // Lanes of Σ dxhat, Σ dxhat*xhat, Σ g*xhat, Σ g (four sums each, so
-                    // the loops vectorise).
-                    let mut lanes = [[0.0f64; 4]; 4];
-                    let base = [o[0], o[1], o[3], o[4], o[5]];
-                    let (mut xs, mut gs, mut cs) = ([0.0; CHUNK], [0.0; CHUNK], [0.0; CHUNK]);
-                    for_each_row(&nd, [&xn, &gn, &cn, &an, &bn], base, |p, n, st| {
-                        for c0 in (0..n).step_by(CHUNK) {
-                            let k = CHUNK.min(n - c0);
-                            let at = |j: usize| p[j] + c0 as isize * st[j];
-                            let (xs, gs, cs) = (&mut xs[..k], &mut gs[..k], &mut cs[..k]);
-                            load(xd, at(0), st[0], xs);
-                            load(gd, at(1), st[1], gs);
-                            load(gamma.data, at(2), st[2], cs);
-                            for x in xs.iter_mut() {
-                                *x = (*x - mu) * rs; // xhat
-                            }
-                            let (xq, gq, cq) =
-                                (xs.chunks_exact(4), gs.chunks_exact(4), cs.chunks_exact(4));
-                            let tail = xq.remainder().len();
-                            for ((x4, g4), c4) in xq.zip(gq).zip(cq) {
-                                for l in 0..4 {
-                                    let dxh = g4[l] * c4[l];
-                                    lanes[0][l] += dxh;
-                                    lanes[1][l] += dxh * x4[l];
-                                    lanes[2][l] += g4[l] * x4[l];
-                                    lanes[3][l] += g4[l];
-                                }
-                            }
-                            for i in k - tail..k {
-                                let dxh = gs[i] * cs[i];
-                                lanes[0][0] += dxh;
-                                lanes[1][0] += dxh * xs[i];
-                                lanes[2][0] += gs[i] * xs[i];
-                                lanes[3][0] += gs[i];
-                            }
+    let gr = Groups::new(l.shape.dims(), red);
+    let m = gr.m as f64;
+    let strides = [
+        &l.strides[..],
+        &gs,
+        &gamma.strides,
+        sg_into.strides,
+        sb_into.strides,
+    ];
+    let base = [l.offset, g.layout.offset, gamma.offset, 0, 0];
+    let inner = strides.map(|s| gr.inner(s));
+    let inner = [&inner[0][..], &inner[1], &inner[2], &inner[3], &inner[4]];
+    // A parameter summed element by element (layer_norm's gamma) gets an accumulator per
+    // part; else each group sums into one cell of both (batch_norm's channels, or an
+    // unwanted parameter's dummy), added in group order below.
+    let per_element = inner[3].iter().chain(inner[4]).any(|&s| s != 0);
+    let par = parallel(l.size());
+    let parts = if per_element {
+        (l.size() / PARALLEL_NORM)
+            .clamp(1, MAX_PARTS)
+            .min(gr.count.max(1))
+    } else {
+        gr.count
+    };
+    let part = |p: usize| (p * gr.count / parts)..((p + 1) * gr.count / parts);
+    // Phase 1: per group, Σ dxhat, Σ dxhat*xhat, Σ g*xhat and Σ g.
+    let partial = map_range(parts, par && l.size() >= parts * CHUNK, |p| {
+        let (mut dg, mut db) = match per_element {
+            true => (vec![0.0; sg_into.size], vec![0.0; sb_into.size]),
+            false => (Vec::new(), Vec::new()),
+        };
+        let (mut xs, mut ys, mut cs) = ([0.0; CHUNK], [0.0; CHUNK], [0.0; CHUNK]);
+        let sums: Vec<[f64; 4]> = part(p)
+            .map(|gi| {
+                let (mu, rs) = (mean[gi], rstd[gi]);
+                let at: [usize; 5] = std::array::from_fn(|k| gr.start(gi, strides[k], base[k]));
+                let mut lanes = [[0.0f64; LANES]; 4];
+                in_chunks(
+                    &gr.nd,
+                    inner,
+                    at,
+                    #[inline(always)]
+                    |step| match step {
+                        Step::Load(p, st, r) => {
+                            let (xs, ys) = (&mut xs[r.clone()], &mut ys[r.clone()]);
+                            load(xd, p[0], st[0], xs, |v| (v.to_f64() - mu) * rs); // xhat
+                            load(gd, p[1], st[1], ys, |v| v.to_f64());
+                            load(gamma.data, p[2], st[2], &mut cs[r], |v| v.to_f64());
                             if per_element {
-                                add_strided(
-                                    &mut dgamma,
-                                    at(3),
-                                    st[3],
-                                    xs.iter().zip(gs.iter()).map(|(x, g)| g * x),
-                                );
-                                add_strided(&mut dbeta, at(4), st[4], gs.iter().copied());
+                                let gx = xs.iter().zip(ys.iter()).map(|(x, g)| g * x);
+                                add_strided(&mut dg, p[3], st[3], gx);
+                                add_strided(&mut db, p[4], st[4], ys.iter().copied());
                             }
                         }
-                    });
-                    let sum = |l: [f64; 4]| (l[0] + l[1]) + (l[2] + l[3]);
-                    let (s1, s2) = (sum(lanes[0]), sum(lanes[1]));
-                    if !per_element {
-                        dgamma[o[4]] += sum(lanes[2]);
-                        dbeta[o[5]] += sum(lanes[3]);
-                    }
-                    let (m1, m2) = if batch_stats {
-                        (s1 / m, s2 / m)
-                    } else {
-                        (0.0, 0.0)
+                        Step::Flush(k) => {
+                            let (xs, ys, cs) = (&xs[..k], &ys[..k], &cs[..k]);
+                            let q = xs.chunks_exact(LANES).zip(ys.chunks_exact(LANES));
+                            for ((x8, g8), c8) in q.zip(cs.chunks_exact(LANES)) {
+                                for j in 0..LANES {
+                                    let dxh = g8[j] * c8[j];
+                                    lanes[0][j] += dxh;
+                                    lanes[1][j] += dxh * x8[j];
+                                    lanes[2][j] += g8[j] * x8[j];
+                                    lanes[3][j] += g8[j];
+                                }
+                            }
+                            for (j, i) in (k - k % LANES..k).enumerate() {
+                                let dxh = ys[i] * cs[i];
+                                lanes[0][j] += dxh;
+                                lanes[1][j] += dxh * xs[i];
+                                lanes[2][j] += ys[i] * xs[i];
+                                lanes[3][j] += ys[i];
+                            }
+                        }
+                    },
+                );
+                lanes.map(|l| lanes_total(&l))
+            })
+            .collect();
+        (sums, dg, db)
+    });
+    let (mut dgamma, mut dbeta) = (vec![0.0; sg_into.size], vec![0.0; sb_into.size]);
+    // Per group: mean(dxhat) and mean(dxhat * xhat), 0 with fixed statistics.
+    let (mut m1, mut m2) = (Vec::with_capacity(gr.count), Vec::with_capacity(gr.count));
+    for (p, (sums, dg, db)) in partial.into_iter().enumerate() {
+        if per_element {
+            dgamma.iter_mut().zip(dg).for_each(|(a, v)| *a += v);
+            dbeta.iter_mut().zip(db).for_each(|(a, v)| *a += v);
+        }
+        for (gi, s) in part(p).zip(sums) {
+            if !per_element {
+                dgamma[gr.start(gi, strides[3], 0)] += s[2];
+                dbeta[gr.start(gi, strides[4], 0)] += s[3];
+            }
+            let (a, b) = if batch_stats {
+                (s[0] / m, s[1] / m)
+            } else {
+                (0.0, 0.0)
+            };
+            m1.push(a);
+            m2.push(b);
+        }
+    }
+    // Phase 2: dx, element by element.
+    let strides = [strides[0], strides[1], strides[2], &gr.index];
+    let base = [base[0], base[1], base[2], 0];
+    let dx = new_overwritten::<T>(l.size(), |out| {
+        write_rows(
+            gr.dims,
+            strides,
+            base,
+            out,
+            par,
+            #[inline(always)]
+            |o, len, st, dst| {
+                let [mut xs, mut ys, mut cs, mut mus, mut rss, mut a, mut b] = [[0.0f64; CHUNK]; 7];
+                for c0 in (0..len).step_by(CHUNK) {
+                    let k = CHUNK.min(len - c0);
+                    let at = |j: usize| o[j] + c0 as isize * st[j];
+                    let (xs, ys, cs) = (&mut xs[..k], &mut ys[..k], &mut cs[..k]);
+                    load(xd, at(0), st[0], xs, |v| v.to_f64());
+                    load(gd, at(1), st[1], ys, |v| v.to_f64());
+                    load(gamma.data, at(2), st[2], cs, |v| v.to_f64());
+                    let dst = &mut dst[c0..c0 + k];
+                    let dx = |x: f64, g: f64, c: f64, mu: f64, rs: f64, a: f64, b: f64| {
+                        T::from_f64(rs * (g * c - a - (x - mu) * rs * b))
                     };
-                    let base = [o[0], o[1], o[2], o[3]];
-                    for_each_row(&nd, [&xn, &gn, &yn, &cn], base, |p, n, st| {
-                        for c0 in (0..n).step_by(CHUNK) {
-                            let k = CHUNK.min(n - c0);
-                            let at = |j: usize| p[j] + c0 as isize * st[j];
-                            let (xs, gs, cs) = (&mut xs[..k], &mut gs[..k], &mut cs[..k]);
-                            load(xd, at(0), st[0], xs);
-                            load(gd, at(1), st[1], gs);
-                            load(gamma.data, at(3), st[3], cs);
-                            for ((x, g), c) in xs.iter_mut().zip(gs.iter()).zip(cs.iter()) {
-                                let xh = (*x - mu) * rs;
-                                *x = rs * (g * c - m1 - xh * m2);
-                            }
-                            let (y0, ys) = (at(2), st[2]);
-                            if ys == 1 {
-                                let dst = &mut out[y0 as usize..y0 as usize + k];
-                                for (d, &v) in dst.iter_mut().zip(xs.iter()) {
-                                    *d = T::from_f64(v);
-                                }
-                            } else {
-                                for (i, &v) in xs.iter().enumerate() {
-                                    out[(y0 + i as isize * ys) as usize] = T::from_f64(v);
-                                }
-                            }
+                    if st[3] == 0 {
+                        // One group along the row (the usual case).
+                        let q = at(3) as usize;
+                        let (mu, rs, a, b) = (mean[q], rstd[q], m1[q], m2[q]);
+                        for i in 0..k {
+                            dst[i] = dx(xs[i], ys[i], cs[i], mu, rs, a, b);
                         }
-                    });
+                    } else {
+                        let (mus, rss, a, b) =
+                            (&mut mus[..k], &mut rss[..k], &mut a[..k], &mut b[..k]);
+                        load(mean, at(3), st[3], mus, |v| v);
+                        load(rstd, at(3), st[3], rss, |v| v);
+                        load(&m1, at(3), st[3], a, |v| v);
+                        load(&m2, at(3), st[3], b, |v| v);
+                        for i in 0..k {
+                            dst[i] = dx(xs[i], ys[i], cs[i], mus[i], rss[i], a[i], b[i]);
+                        }
+                    }
                 }
             },
         );

@@ -3,6 +3,7 @@
 
 use super::buffer::{Buffer, new_overwritten};
 use super::fork::{PARALLEL_ELEMS, fork, fork_threads, may_fork};
+use super::simd::widest;
 use super::strided::Strided;
 use crate::dtype::Native;
 use crate::error::Result;
@@ -241,33 +242,12 @@ fn pairwise<T: Native>(x: &[T], fork: bool) -> T {
     }
 }
 
-/// Sum of one block, compiled for the widest vector unit the CPU has (checked once at
-/// run time; the portable build only assumes SSE2).
+/// Sum of one block, compiled for the widest vector unit the CPU has.
 fn block_sum<T: Native>(x: &[T]) -> T {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { block_sum_avx512(x) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { block_sum_avx2(x) };
-        }
-    }
-    lanes_sum(x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn block_sum_avx512<T: Native>(x: &[T]) -> T {
-    lanes_sum(x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn block_sum_avx2<T: Native>(x: &[T]) -> T {
-    lanes_sum(x)
+    widest(
+        #[inline(always)]
+        || lanes_sum(x),
+    )
 }
 
 /// 32 independent accumulators (several vector registers, so the adds pipeline),
