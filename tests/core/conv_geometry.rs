@@ -220,6 +220,36 @@ proptest! {
     }
 }
 
+/// "Same" convolutions (unit strides, output as large as the input), which im2col
+/// copies as one shifted run per tap, with the wrapped edges zeroed: kernels of 1, 3
+/// and 5, dilations 1 and 2, images down to one row or column, groups and bias.
+#[test]
+fn same_convolutions_match_a_direct_loop() {
+    let mut seed = 7;
+    for (k, d) in [(1, 1), (3, 1), (3, 2), (5, 1), (2, 2)] {
+        let p = d * (k - 1) / 2;
+        for (h, w) in [(1, 1), (1, 5), (4, 1), (5, 4), (6, 7)] {
+            for (groups, bias) in [(1, true), (2, false)] {
+                seed += 1;
+                run_conv(&Conv {
+                    n: 2,
+                    groups,
+                    cg: 2,
+                    og: 2,
+                    h,
+                    w,
+                    k: [k, k],
+                    s: [1, 1],
+                    p: [p, p],
+                    d: [d, d],
+                    bias,
+                    seed,
+                });
+            }
+        }
+    }
+}
+
 #[test]
 fn conv2d_tap_only_in_the_padding_forward() {
     // Used to panic in im2col ("range start index 18446744073709551615 out of range"):

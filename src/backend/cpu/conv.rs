@@ -41,6 +41,10 @@ pub(crate) fn im2col<T: Native>(
     if ncols == 0 || rows == 0 {
         return;
     }
+    // Unit strides, input rows contiguous and as long as the output's (a "same"
+    // convolution): output element p of a tap reads input element p + shift, so the
+    // valid elements of all its rows are one run of the input.
+    let plane_run = g.sw == 1 && g.sh == 1 && st[3] == 1 && st[2] == g.w as isize && g.ow == g.w;
     let fill_row = |r: usize, dst: &mut [T]| {
         let c = r / (g.kh * g.kw);
         let ki = (r / g.kw) % g.kh;
@@ -50,6 +54,23 @@ pub(crate) fn im2col<T: Native>(
         for b in 0..nb {
             let base = off + (n0 + b) as isize * st[0] + (c0 + c) as isize * st[1];
             let d = &mut dst[b * lsz..(b + 1) * lsz];
+            if plane_run && ylo < yhi && xlo < xhi {
+                // One copy from the first valid element to the last, then zeros
+                // outside the valid columns (the edges the run wrapped over).
+                let (first, last) = (ylo * g.ow + xlo, (yhi - 1) * g.ow + xhi);
+                let iy = (ylo + ki * g.dh - g.ph) as isize;
+                let ix = (xlo + kj * g.dw - g.pw) as isize;
+                let s = (base + iy * st[2] + ix) as usize;
+                d[..first].fill(T::ZERO);
+                d[first..last].copy_from_slice(&x[s..s + (last - first)]);
+                d[last..].fill(T::ZERO);
+                for oy in ylo..yhi - 1 {
+                    for e in &mut d[oy * g.ow + xhi..(oy + 1) * g.ow + xlo] {
+                        *e = T::ZERO;
+                    }
+                }
+                continue;
+            }
             for oy in 0..g.oh {
                 let drow = &mut d[oy * g.ow..(oy + 1) * g.ow];
                 // A tap whose every input column lies in the padding (xlo == xhi) reads
@@ -136,6 +157,18 @@ pub(crate) fn col2im<T: Native>(
             }
         }
     };
+    let par = nb * cg * plane * g.kh * g.kw >= PARALLEL_WORK && may_fork();
+    if par && cg == g.c {
+        // One group: the chunk's planes are contiguous in `dx`, split them all at once.
+        let planes = &mut dx[n0 * g.c * plane..(n0 + nb) * g.c * plane];
+        fork(|| {
+            planes
+                .par_chunks_mut(plane)
+                .enumerate()
+                .for_each(|(i, d)| add_plane(i / cg, i % cg, d))
+        });
+        return;
+    }
     for b in 0..nb {
         let start = ((n0 + b) * g.c + c0) * plane;
         let planes = &mut dx[start..start + cg * plane];
