@@ -196,8 +196,11 @@ fn row_of<const K: usize>(shape: &[usize], strides: [&[isize]; K]) -> (usize, us
 /// [`for_each_row`] for kernels that address every operand through its offsets (none
 /// is written in visit order): when the rows would be short (a transposed view walked
 /// along its last dimension: `[n,2]` with strides `[1,n]` is `n` rows of 2), the row
-/// runs along the longest dimension instead, so per-row costs stop dominating. Each
-/// element is still visited once, at the same offsets, in another order. Operand 0 is
+/// runs along the longest dimension instead, so per-row costs stop dominating. When the
+/// rows are long but an operand is more contiguous along an outer axis (a transposed
+/// view of a large matrix), they are walked in square tiles of that axis and the rows'
+/// ([`walk_tiled`]), so each cache line of that operand is read once, not once per
+/// element. Each element is still visited once, at the same offsets, in another order. Operand 0 is
 /// the one written: if it repeats an element (a zero stride), the plain order is kept,
 /// so the same write lands last.
 pub(crate) fn for_each_row_any_order<const K: usize>(
@@ -213,17 +216,23 @@ pub(crate) fn for_each_row_any_order<const K: usize>(
     if shape.len() >= 2 && !shape.contains(&0) {
         let row = row_of(shape, strides);
         let (inner, len, _) = row;
-        if len >= SHORT {
-            // The common case: long rows already.
-            return walk(shape, strides, base.map(|b| b as isize), row, f);
-        }
-        let long = (0..inner).max_by_key(|&d| shape[d]);
         let repeats = || {
             shape
                 .iter()
                 .zip(strides[0])
                 .any(|(&n, &st)| n > 1 && st == 0)
         };
+        if len >= SHORT {
+            // The common case: long rows already; in tiles when an operand is more
+            // contiguous along another axis than along the rows (a transposed view).
+            if let Some(q) = tile_axis(shape, strides, row)
+                && !repeats()
+            {
+                return walk_tiled(shape, strides, base.map(|b| b as isize), row, q, f);
+            }
+            return walk(shape, strides, base.map(|b| b as isize), row, f);
+        }
+        let long = (0..inner).max_by_key(|&d| shape[d]);
         if let Some(long) = long
             && shape[long] >= (GAIN * len).max(SHORT)
             && !repeats()
@@ -241,6 +250,77 @@ pub(crate) fn for_each_row_any_order<const K: usize>(
         return walk(shape, strides, base.map(|b| b as isize), row, f);
     }
     for_each_row(shape, strides, base, f)
+}
+
+/// The side of the square tiles of [`walk_tiled`], in elements: a tile of every operand
+/// (`TILE` runs of `TILE` elements) stays in the L1 cache while it is walked.
+const TILE: usize = 32;
+
+/// The axis to tile the rows of `row` with, if any: for the first operand strided along
+/// the rows (neither 1 nor a broadcast 0), the outer axis at least [`TILE`] long along
+/// which it is most contiguous, when that beats its stride along the rows. Walking
+/// `TILE` rows of that axis a `TILE`-long piece at a time then reads each of its cache
+/// lines once, where whole rows would read a line per element.
+fn tile_axis<const K: usize>(
+    shape: &[usize],
+    strides: [&[isize]; K],
+    (inner, len, row_strides): (usize, usize, [isize; K]),
+) -> Option<usize> {
+    if len < TILE {
+        return None;
+    }
+    let k = (0..K).find(|&k| row_strides[k].unsigned_abs() > 1)?;
+    let q = (0..inner)
+        .filter(|&d| shape[d] >= TILE && strides[k][d] != 0)
+        .min_by_key(|&d| strides[k][d].unsigned_abs())?;
+    (strides[k][q].unsigned_abs() < row_strides[k].unsigned_abs()).then_some(q)
+}
+
+/// [`walk`] in square tiles of axis `q` and the row's axis: for each index of the other
+/// outer axes, [`TILE`] rows along `q`, each cut into `TILE`-long pieces, piece column
+/// by piece column. Every element is visited once.
+fn walk_tiled<const K: usize>(
+    shape: &[usize],
+    strides: [&[isize]; K],
+    base: [isize; K],
+    (inner, len, row_strides): (usize, usize, [isize; K]),
+    q: usize,
+    mut f: impl FnMut([isize; K], usize, [isize; K]),
+) {
+    let (nq, sq) = (
+        shape[q],
+        std::array::from_fn::<isize, K, _>(|k| strides[k][q]),
+    );
+    let mut plane = |b: [isize; K]| {
+        for q0 in (0..nq).step_by(TILE) {
+            for i0 in (0..len).step_by(TILE) {
+                let n = TILE.min(len - i0);
+                for j in q0..nq.min(q0 + TILE) {
+                    let at = std::array::from_fn(|k| {
+                        b[k] + j as isize * sq[k] + i0 as isize * row_strides[k]
+                    });
+                    f(at, n, row_strides);
+                }
+            }
+        }
+    };
+    let others: Dims = (0..inner).filter(|&d| d != q).collect();
+    if others.is_empty() {
+        return plane(base);
+    }
+    let dims: Dims = others.iter().map(|&d| shape[d]).collect();
+    let st: [Strides; K] = std::array::from_fn(|k| others.iter().map(|&d| strides[k][d]).collect());
+    let starts = base.map(|b| b as usize);
+    for_each_row(
+        &dims,
+        std::array::from_fn(|k| &st[k][..]),
+        starts,
+        |off, rows, s| {
+            for r in 0..rows as isize {
+                plane(std::array::from_fn(|k| off[k] + r * s[k]));
+            }
+        },
+    );
 }
 
 #[cfg(test)]

@@ -346,3 +346,69 @@ fn sharing_an_owned_buffer_keeps_its_accounting() {
     other.close();
     m.close();
 }
+
+/// Elementwise ops walk a transposed operand in square tiles, split across threads when
+/// large (the tiles and slabs have remainders here: no side is a multiple of 32).
+#[test]
+fn elementwise_ops_on_large_transposed_views_match_index_arithmetic() {
+    let m = NDManager::new();
+    let check = |got: Vec<f32>, want: Vec<f32>| {
+        assert_eq!(got.len(), want.len());
+        let bad = got.iter().zip(&want).position(|(g, w)| g != w);
+        assert!(bad.is_none(), "element {bad:?}: {got:?} != {want:?}");
+    };
+    // [70,45] transposed: t[i,j] = a[j,i] = j*45 + i.
+    let t = iota(&m, &[70, 45]).transpose();
+    let want = |f: &dyn Fn(usize, usize) -> f32| {
+        (0..45)
+            .flat_map(|i| (0..70).map(move |j| (i, j)))
+            .map(|(i, j)| f(i, j))
+            .collect::<Vec<f32>>()
+    };
+    check(f32s(t * 2.0), want(&|i, j| 2.0 * (j * 45 + i) as f32));
+    check(f32s(t.abs()), want(&|i, j| (j * 45 + i) as f32));
+    check(f32s(t - t), vec![0.0; 45 * 70]);
+    let mut acc = m.zeros([45, 70], DType::F32);
+    acc += t;
+    acc += t;
+    check(f32s(acc), want(&|i, j| 2.0 * (j * 45 + i) as f32));
+    // A permuted 3-D view minus a plain array: p[i,j,k] = a[j,k,i].
+    let p = iota(&m, &[5, 40, 33]).permute(&[2, 0, 1]);
+    let plain = iota(&m, &[33, 5, 40]);
+    let mut w = vec![];
+    for i in 0..33 {
+        for j in 0..5 {
+            for k in 0..40 {
+                w.push((j * 40 * 33 + k * 33 + i) as f32 - (i * 200 + j * 40 + k) as f32);
+            }
+        }
+    }
+    check(f32s(p - plain), w);
+    // Reversed, stepped and transposed: v[i,j] = a[89-j, 2i].
+    let v = iota(&m, &[90, 80]).get("::-1, ::2").transpose();
+    let mut w = vec![];
+    for i in 0..40 {
+        for j in 0..90 {
+            w.push(((89 - j) * 80 + 2 * i) as f32 + 1.0);
+        }
+    }
+    check(f32s(v + 1.0), w);
+    // Large enough to split across threads, plus a broadcast row: t[i,j] + j.
+    let big = iota(&m, &[700, 401]).transpose();
+    let row = iota(&m, &[700]);
+    let mut w = vec![];
+    for i in 0..401 {
+        for j in 0..700 {
+            w.push((j * 401 + i + j) as f32);
+        }
+    }
+    check(f32s(big + row), w);
+    let mut w = vec![];
+    for i in 0..401 {
+        for j in 0..700 {
+            w.push((j * 401 + i) as f32 * 0.5);
+        }
+    }
+    check(f32s(big * 0.5), w);
+    m.close();
+}

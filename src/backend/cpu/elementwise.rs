@@ -9,7 +9,7 @@ use super::strided::{Strided, StridedMut};
 use crate::dtype::Native;
 use crate::error::Result;
 use crate::layout::{for_each_row, for_each_row_any_order};
-use crate::shape::Shape;
+use crate::shape::{Dims, Shape};
 use rayon::prelude::*;
 
 /// The operand's elements in row-major order.
@@ -56,17 +56,24 @@ pub(crate) fn map_unary<'a, T: Native, U: Native>(
             return;
         }
         let out_strides = l.shape.contiguous_strides();
-        for_each_row_any_order(
+        out_rows(
             l.shape.dims(),
             [&out_strides, &l.strides],
             [0, l.offset],
-            |off, len, s| {
+            out,
+            |out, off, len, s| {
                 let (o0, s0) = (off[0] as usize, off[1]);
-                if s[0] == 1 && s[1] == 1 {
-                    out[o0..o0 + len]
-                        .iter_mut()
-                        .zip(&src[s0 as usize..s0 as usize + len])
-                        .for_each(|(o, &x)| *o = f(x));
+                if s[0] == 1 {
+                    let dst = &mut out[o0..o0 + len];
+                    if s[1] == 1 {
+                        let src = &src[s0 as usize..s0 as usize + len];
+                        dst.iter_mut().zip(src).for_each(|(o, &x)| *o = f(x));
+                    } else {
+                        // A transposed operand's tile row.
+                        for (i, o) in dst.iter_mut().enumerate() {
+                            *o = f(src[(s0 + i as isize * s[1]) as usize]);
+                        }
+                    }
                 } else {
                     for i in 0..len as isize {
                         out[(off[0] + i * s[0]) as usize] = f(src[(s0 + i * s[1]) as usize]);
@@ -125,11 +132,12 @@ pub(crate) fn map_binary<'a, 'b, T: Native, U: Native>(
         }
         let out_strides = shape.contiguous_strides();
         let (sa, sb) = (la.broadcast_strides(shape), lb.broadcast_strides(shape));
-        for_each_row_any_order(
+        out_rows(
             shape.dims(),
             [&out_strides, &sa, &sb],
             [0, la.offset, lb.offset],
-            |off, len, s| {
+            out,
+            |out, off, len, s| {
                 if s[0] == 1 {
                     let dst = &mut out[off[0] as usize..off[0] as usize + len];
                     binary_row(dst, da, off[1], s[1], db, off[2], s[2], f);
@@ -145,6 +153,45 @@ pub(crate) fn map_binary<'a, 'b, T: Native, U: Native>(
             },
         );
     })
+}
+
+/// [`for_each_row_any_order`] over `out`, a new contiguous array of `shape` (operand 0,
+/// from offset 0), and the operands it is computed from: `f(out, offsets, len, steps)`
+/// for each row. Large arrays are split across the kernel pool in slabs of `out` along
+/// its first axis longer than 1; `f` then gets the slab, and offsets into it.
+fn out_rows<U: Send, const K: usize>(
+    shape: &[usize],
+    strides: [&[isize]; K],
+    base: [usize; K],
+    out: &mut [U],
+    f: impl Fn(&mut [U], [isize; K], usize, [isize; K]) + Sync,
+) {
+    let axis = shape.iter().position(|&d| d > 1);
+    let Some(axis) = axis.filter(|_| out.len() >= PARALLEL_ELEMS && may_fork()) else {
+        return for_each_row_any_order(shape, strides, base, |o, n, s| f(out, o, n, s));
+    };
+    // Whole rows of the axis, enough for a quarter of the split threshold, in multiples
+    // of 32 (so a transposed operand's tiles are not cut short at each slab's end).
+    let inner: usize = shape[axis + 1..].iter().product();
+    let rows = (PARALLEL_ELEMS / 4).div_ceil(inner).next_multiple_of(32);
+    let sub = strides.map(|s| &s[axis..]);
+    fork(|| {
+        out.par_chunks_mut(rows * inner)
+            .enumerate()
+            .for_each(|(i, slab)| {
+                let mut dims = Dims::from_slice(&shape[axis..]);
+                dims[0] = slab.len() / inner;
+                let at = std::array::from_fn(|k| {
+                    let first = (i * rows) as isize * strides[k][axis];
+                    if k == 0 {
+                        0
+                    } else {
+                        (base[k] as isize + first) as usize
+                    }
+                });
+                for_each_row_any_order(&dims, sub, at, |o, n, s| f(slab, o, n, s));
+            })
+    });
 }
 
 #[inline(always)]
