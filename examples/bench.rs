@@ -5,8 +5,9 @@
 //! repeats, so it also runs in debug builds and under valgrind): its figures mean
 //! nothing.
 //! Every figure is the median over repeats of a timing loop. `--only NAME` runs one
-//! workload (for profiling; `--only parallel` runs the four `parallel_2t_*` ones); the
-//! figures of workloads not run are `null` in the JSON line and `-` in the table.
+//! workload, `--only A,B,C` several (for profiling; `--only parallel` runs the four
+//! `parallel_2t_*` ones); the figures of workloads not run are `null` in the JSON line
+//! and `-` in the table.
 //!
 //! `linreg_autograd_step_us` and `parallel_2t_*` run the README's linear-regression
 //! loop (`examples/linear_regression.rs`): X [1000,2] ~ N(0,1), y = X·[2,-3.4] + 4.2 +
@@ -51,6 +52,11 @@
 //! (50 steps, then `synchronize`); `gpu_digits_cnn_us_per_step` the same for the
 //! digits CNN (10 steps); `gpu_conv2d_fwd_bwd_us` is `conv2d_fwd_bwd_us` on the device,
 //! with a `synchronize` in each repeat. Without a GPU they are `null`.
+//!
+//! Memory, after every workload: `peak_rss_mb` is the process's peak resident set
+//! (`VmHWM`); `peak_live_mb` the peak of the bytes held by live arrays
+//! (`memory().peak_bytes`, each buffer counted at its pool size class); `cached_mb` the
+//! bytes the caching pool holds for reuse at the end (`memory().cached_bytes`).
 
 use ndscope::{DType, GradientCollector, NDArray, NDManager, NDScope};
 use std::future::Future;
@@ -270,7 +276,10 @@ fn main() {
         .iter()
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1).cloned());
-    let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    let run = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|k| k == name))
+    };
     // Run `f` only if the workload is selected.
     let maybe = |name: &str, f: &mut dyn FnMut() -> f64| run(name).then(f);
     let m = NDManager::new();
@@ -564,6 +573,8 @@ fn main() {
     };
     let threads = rayon::current_num_threads();
     let rss = peak_rss_mb();
+    let mem = ndscope::memory();
+    const MIB: f64 = (1 << 20) as f64;
     // (JSON key, table label, value, decimals, unit)
     let rows: &[(&str, &str, Option<f64>, usize, &str)] = &[
         ("add10_ns", "add10", add10_ns, 1, "ns"),
@@ -793,6 +804,20 @@ fn main() {
             "us",
         ),
         ("peak_rss_mb", "peak RSS", Some(rss), 1, "MiB"),
+        (
+            "peak_live_mb",
+            "peak of live array bytes",
+            Some(mem.peak_bytes as f64 / MIB),
+            1,
+            "MiB",
+        ),
+        (
+            "cached_mb",
+            "bytes the pool holds for reuse at the end",
+            Some(mem.cached_bytes as f64 / MIB),
+            1,
+            "MiB",
+        ),
     ];
     if json {
         let fields: Vec<String> = rows

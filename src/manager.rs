@@ -63,8 +63,9 @@ fn check_shape(op: &'static str, shape: &Shape, dtype: DType) -> Result<usize> {
     Ok(n)
 }
 
-/// Fill a new buffer of `dtype` with `f(i)` converted from f64.
-fn filled(n: usize, dtype: DType, f: impl Fn(usize) -> f64) -> Result<engine::Buffer> {
+/// Fill a new buffer of `dtype` with `f(i)` converted from f64, called for `i = 0, 1, ...`
+/// in order (so `f` may draw from a generator).
+fn filled(n: usize, dtype: DType, mut f: impl FnMut(usize) -> f64) -> Result<engine::Buffer> {
     dispatch!(dtype, T => new_filled::<T>(n, |out| {
         for (i, o) in out.iter_mut().enumerate() {
             *o = if dtype == DType::Bool {
@@ -282,7 +283,7 @@ impl NDManager {
         shape: Shape,
         dtype: DType,
         at: SourceLocation,
-        f: impl Fn(usize) -> f64,
+        f: impl FnMut(usize) -> f64,
     ) -> Result<NDArray> {
         let n = check_shape(op, &shape, dtype)?;
         engine::check_manager(self.id)?; // fail fast before filling a buffer
@@ -427,16 +428,17 @@ impl NDManager {
         pub fn try_random_normal(&self, loc: f64, scale: f64, shape: impl Into<Shape>, dtype: DType) -> NDArray {
             let at = Location::caller();
             let shape = shape.into();
-            let n = check_shape("random_normal", &shape, dtype)?;
+            check_shape("random_normal", &shape, dtype)?;
             #[cfg(feature = "gpu")]
-            if let Some(a) = self.random_on_device(n, &shape, dtype, at, || {
+            if let Some(a) = self.random_on_device(shape.size(), &shape, dtype, at, || {
                 random::check_normal(loc, scale)?;
                 Ok(crate::backend::wgpu::random::Dist::Normal(loc as f32, scale as f32))
             }) {
                 return a;
             }
-            let values = random::normal(loc, scale, n)?;
-            self.make("random_normal", shape, dtype, at, |i| values[i])
+            random::draw_normal(loc, scale, |next| {
+                self.make("random_normal", shape, dtype, at, |_| next())
+            })?
         }
     }
 
@@ -448,16 +450,17 @@ impl NDManager {
         pub fn try_random_uniform(&self, low: f64, high: f64, shape: impl Into<Shape>, dtype: DType) -> NDArray {
             let at = Location::caller();
             let shape = shape.into();
-            let n = check_shape("random_uniform", &shape, dtype)?;
+            check_shape("random_uniform", &shape, dtype)?;
             #[cfg(feature = "gpu")]
-            if let Some(a) = self.random_on_device(n, &shape, dtype, at, || {
+            if let Some(a) = self.random_on_device(shape.size(), &shape, dtype, at, || {
                 random::check_uniform(low, high)?;
                 Ok(crate::backend::wgpu::random::Dist::Uniform(low as f32, high as f32))
             }) {
                 return a;
             }
-            let values = random::uniform(low, high, n)?;
-            self.make("random_uniform", shape, dtype, at, |i| values[i])
+            random::draw_uniform(low, high, |next| {
+                self.make("random_uniform", shape, dtype, at, |_| next())
+            })?
         }
     }
 

@@ -101,19 +101,46 @@ pub(crate) fn check_uniform(low: f64, high: f64) -> Result<()> {
 }
 
 pub(crate) fn normal(loc: f64, scale: f64, n: usize) -> Result<Vec<f64>> {
-    check_normal(loc, scale)?;
-    let dist = Normal::new(loc, scale)
-        .map_err(|e| NdError::invalid("random_normal", format!("loc {loc}, scale {scale}: {e}")))?;
-    let mut v = samples(n)?;
-    with_rng(|r| v.extend((0..n).map(|_| dist.sample(r))));
-    Ok(v)
+    draw_normal(loc, scale, |next| {
+        let mut v = samples(n)?;
+        v.extend((0..n).map(|_| next()));
+        Ok(v)
+    })?
 }
 
 pub(crate) fn uniform(low: f64, high: f64, n: usize) -> Result<Vec<f64>> {
+    draw_uniform(low, high, |next| {
+        let mut v = samples(n)?;
+        v.extend((0..n).map(|_| next()));
+        Ok(v)
+    })?
+}
+
+/// `fill(next)` with `next` drawing the thread's next sample of N(`loc`, `scale`), after
+/// checking the parameters: lets a caller write the samples straight into an array's
+/// buffer, with no vector of f64 twice its size on the way (the draws and their order
+/// are those of [`normal`]).
+pub(crate) fn draw_normal<R>(
+    loc: f64,
+    scale: f64,
+    fill: impl FnOnce(&mut dyn FnMut() -> f64) -> R,
+) -> Result<R> {
+    check_normal(loc, scale)?;
+    let dist = Normal::new(loc, scale)
+        .map_err(|e| NdError::invalid("random_normal", format!("loc {loc}, scale {scale}: {e}")))?;
+    Ok(with_rng(|r| fill(&mut || dist.sample(r))))
+}
+
+/// [`draw_normal`] for U[`low`, `high`) (the draws of [`uniform`]).
+pub(crate) fn draw_uniform<R>(
+    low: f64,
+    high: f64,
+    fill: impl FnOnce(&mut dyn FnMut() -> f64) -> R,
+) -> Result<R> {
     check_uniform(low, high)?;
-    let mut v = samples(n)?;
-    with_rng(|r| v.extend((0..n).map(|_| low + (high - low) * r.random::<f64>())));
-    Ok(v)
+    Ok(with_rng(|r| {
+        fill(&mut || low + (high - low) * r.random::<f64>())
+    }))
 }
 
 pub(crate) fn integers(low: i64, high: i64, n: usize) -> Result<Vec<i64>> {

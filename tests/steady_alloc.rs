@@ -55,6 +55,7 @@ fn steady_training_loop_does_not_allocate() {
     // (One test function: the pool is process-wide, so the checks below must not run
     // alongside the counts above.)
     cache_limit_and_empty_cache(&m);
+    random_arrays_are_drawn_straight_into_their_buffer(&m);
     m.close();
 }
 
@@ -83,4 +84,27 @@ fn cache_limit_and_empty_cache(m: &NDManager) {
         "over the limit: freed"
     );
     ndscope::set_cache_limit(1 << 30);
+}
+
+/// `random_uniform` and `random_normal` write their draws straight into the array's
+/// buffer: the largest allocation is the buffer itself, not a vector of f64 samples
+/// twice its size (an f32 array of 64 MiB used to peak at 192 MiB).
+/// (Called from the one test function: its arrays would disturb the pool counts.)
+fn random_arrays_are_drawn_straight_into_their_buffer(m: &NDManager) {
+    let n = 1 << 20; // 4 MiB of f32; its samples as f64 would take 8 MiB
+    ndscope::random::seed(3);
+    CountingAllocator::reset_thread_largest();
+    let u = m.random_uniform(-1.0, 1.0, [n], DType::F32);
+    let g = m.random_normal(0.0, 1.0, [n], DType::F32);
+    let largest = CountingAllocator::thread_largest();
+    assert!(largest < 2 * 4 * n, "largest allocation {largest} bytes");
+    // The same seed draws the same values as before, in the same order.
+    let (u, g) = (u.to_vec::<f32>().unwrap(), g.to_vec::<f32>().unwrap());
+    ndscope::random::seed(3);
+    let u2 = m.random_uniform(-1.0, 1.0, [n], DType::F32);
+    let g2 = m.random_normal(0.0, 1.0, [n], DType::F32);
+    assert_eq!(u, u2.to_vec::<f32>().unwrap());
+    assert_eq!(g, g2.to_vec::<f32>().unwrap());
+    assert!(u.iter().all(|v| (-1.0..1.0).contains(v)));
+    assert!(u.iter().any(|&v| v < -0.5) && u.iter().any(|&v| v > 0.5));
 }
