@@ -200,9 +200,9 @@ fn row_of<const K: usize>(shape: &[usize], strides: [&[isize]; K]) -> (usize, us
 /// rows are long but an operand is more contiguous along an outer axis (a transposed
 /// view of a large matrix), they are walked in square tiles of that axis and the rows'
 /// ([`walk_tiled`]), so each cache line of that operand is read once, not once per
-/// element. Each element is still visited once, at the same offsets, in another order. Operand 0 is
-/// the one written: if it repeats an element (a zero stride), the plain order is kept,
-/// so the same write lands last.
+/// element. Each element is still visited once, at the same offsets, in another order.
+/// Operand 0 is the one written: if it repeats an element (a zero stride), the plain
+/// order is kept, so the same write lands last.
 pub(crate) fn for_each_row_any_order<const K: usize>(
     shape: &[usize],
     strides: [&[isize]; K],

@@ -101,19 +101,18 @@ pub(crate) fn check_uniform(low: f64, high: f64) -> Result<()> {
 }
 
 pub(crate) fn normal(loc: f64, scale: f64, n: usize) -> Result<Vec<f64>> {
-    draw_normal(loc, scale, |next| {
-        let mut v = samples(n)?;
-        v.extend((0..n).map(|_| next()));
-        Ok(v)
-    })?
+    draw_normal(loc, scale, |next| collect(n, next))?
 }
 
 pub(crate) fn uniform(low: f64, high: f64, n: usize) -> Result<Vec<f64>> {
-    draw_uniform(low, high, |next| {
-        let mut v = samples(n)?;
-        v.extend((0..n).map(|_| next()));
-        Ok(v)
-    })?
+    draw_uniform(low, high, |next| collect(n, next))?
+}
+
+/// The next `n` draws of `next`, in order.
+fn collect(n: usize, next: &mut dyn FnMut() -> f64) -> Result<Vec<f64>> {
+    let mut v = samples(n)?;
+    v.extend((0..n).map(|_| next()));
+    Ok(v)
 }
 
 /// `fill(next)` with `next` drawing the thread's next sample of N(`loc`, `scale`), after
