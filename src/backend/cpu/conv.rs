@@ -127,17 +127,50 @@ pub(crate) fn col2im<T: Native>(
     if ncols == 0 || cg == 0 || plane == 0 {
         return;
     }
+    // Unit strides and output rows as long as the input's (a "same" convolution, as in
+    // `im2col`): output element p of a tap adds into input element p + shift, so a tap's
+    // valid elements are one run of the plane, less the columns that wrap over an edge
+    // (masked out by `valid`: element `kj*L + p` says whether output element p's column
+    // is in range for kernel column kj).
+    let plane_run = g.sw == 1 && g.sh == 1 && g.ow == g.w;
+    let valid: Vec<bool> = if plane_run {
+        (0..g.kw * lsz)
+            .map(|i| {
+                let (xlo, xhi) = g.cols(i / lsz);
+                (xlo..xhi).contains(&(i % lsz % g.ow))
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     // One plane (sample b, channel c) per task: planes are disjoint in `dx`.
     let add_plane = |b: usize, c: usize, dst: &mut [T]| {
         for ki in 0..g.kh {
             let (ylo, yhi) = g.rows(ki);
             for kj in 0..g.kw {
                 let (xlo, xhi) = g.cols(kj);
-                if xlo >= xhi {
+                if xlo >= xhi || ylo >= yhi {
                     continue; // the tap lands only in the padding: nothing to add back
                 }
                 let r = (c * g.kh + ki) * g.kw + kj;
                 let src = &col[r * ncols + b * lsz..r * ncols + (b + 1) * lsz];
+                if plane_run {
+                    let (first, last) = (ylo * g.ow + xlo, (yhi - 1) * g.ow + xhi);
+                    let d0 = (ylo + ki * g.dh - g.ph) * g.w + xlo + kj * g.dw - g.pw;
+                    let d = &mut dst[d0..d0 + (last - first)];
+                    let s = &src[first..last];
+                    if xlo == 0 && xhi == g.ow {
+                        for (o, &v) in d.iter_mut().zip(s) {
+                            *o = o.add(v);
+                        }
+                    } else {
+                        let m = &valid[kj * lsz + first..kj * lsz + last];
+                        for ((o, &v), &ok) in d.iter_mut().zip(s).zip(m) {
+                            *o = if ok { o.add(v) } else { *o };
+                        }
+                    }
+                    continue;
+                }
                 for oy in ylo..yhi {
                     let iy = oy * g.sh + ki * g.dh - g.ph;
                     let srow = &src[oy * g.ow..(oy + 1) * g.ow];
@@ -372,22 +405,28 @@ pub(crate) fn conv2d_grad_weight_kernel<T: Native>(
                     gather_grad(gr, n0, nb, lsz, gt);
                     for gi in 0..groups {
                         im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
+                        // `dWᵀ = col · Gᵀ` ([k, og], row-major), not `dW = G · colᵀ`:
+                        // gemm packs the operand read across its contiguous axis by
+                        // gathering one element at a time, and this way round that
+                        // operand is G (og rows), not the column matrix (k rows).
                         let a = Mat {
-                            data: gt,
-                            off: (gi * og * ncols) as isize,
+                            data: col,
+                            off: 0,
                             rs: ncols as isize,
                             cs: 1,
                         };
                         let b = Mat {
-                            data: col,
-                            off: 0,
+                            data: gt,
+                            off: (gi * og * ncols) as isize,
                             rs: 1,
                             cs: ncols as isize,
                         };
-                        matmul_2d(og, k, ncols, a, b, &mut tmp);
+                        matmul_2d(k, og, ncols, a, b, &mut tmp);
                         let dst = &mut dw[gi * og * k..(gi + 1) * og * k];
-                        for (d, &s) in dst.iter_mut().zip(&tmp) {
-                            *d = d.add(s);
+                        for (o, row) in dst.chunks_exact_mut(k).enumerate() {
+                            for (r, d) in row.iter_mut().enumerate() {
+                                *d = d.add(tmp[r * og + o]);
+                            }
                         }
                     }
                 }

@@ -43,11 +43,13 @@ impl Drop for NoFork {
 }
 
 /// Whether a kernel may split its work across the kernel pool ([`fork`]): not while
-/// this thread holds a shard lock (see [`NoFork`]), and not on a worker thread of any
-/// rayon pool (the kernel pool's own, or one that runs user code).
+/// this thread holds a shard lock (see [`NoFork`]), not on a worker thread of any
+/// rayon pool (the kernel pool's own, or one that runs user code), and not when the
+/// pool has a single thread (handing the work to it and waiting would only add two
+/// thread switches).
 #[inline]
 pub(crate) fn may_fork() -> bool {
-    LOCKED.with(|c| c.get() == 0) && rayon::current_thread_index().is_none()
+    LOCKED.with(|c| c.get() == 0) && rayon::current_thread_index().is_none() && fork_threads() > 1
 }
 
 /// ndscope's kernel pool: the threads that run the splits of large kernels, and only
