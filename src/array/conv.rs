@@ -620,18 +620,20 @@ mod tests {
 
     #[test]
     fn im2col_then_col2im_is_the_adjoint() {
-        // <im2col(x), c> == <x, col2im(c)> for random x and c.
-        let g = geom(5, 4, 3, 2, 1, 2);
-        let x: Vec<f64> = (0..20).map(|i| (i as f64 * 0.37).sin()).collect();
-        let l = Layout::contiguous(Shape::from([1, 1, 5, 4]));
-        let rows = 9;
-        let mut col = vec![0.0; rows * g.l()];
-        im2col(&x, &l, &g, 0, 1, 0, 1, &mut col);
-        let c: Vec<f64> = (0..col.len()).map(|i| (i as f64 * 0.71).cos()).collect();
-        let mut dx = vec![0.0; 20];
-        col2im(&c, &g, 0, 1, 0, 1, &mut dx);
-        let lhs: f64 = col.iter().zip(&c).map(|(a, b)| a * b).sum();
-        let rhs: f64 = x.iter().zip(&dx).map(|(a, b)| a * b).sum();
-        assert!((lhs - rhs).abs() < 1e-12, "{lhs} vs {rhs}");
+        // <im2col(x), c> == <x, col2im(c)> for random x and c: a strided geometry, and
+        // "same" ones (col2im's plane-run path, which zeroes the wrapped edges of c).
+        for (k, s, p, d) in [(3, 2, 1, 2), (3, 1, 1, 1), (3, 1, 2, 2), (2, 1, 1, 2)] {
+            let g = geom(5, 4, k, s, p, d);
+            let x: Vec<f64> = (0..20).map(|i| (i as f64 * 0.37).sin()).collect();
+            let l = Layout::contiguous(Shape::from([1, 1, 5, 4]));
+            let mut col = vec![0.0; k * k * g.l()];
+            im2col(&x, &l, &g, 0, 1, 0, 1, &mut col);
+            let mut c: Vec<f64> = (0..col.len()).map(|i| (i as f64 * 0.71).cos()).collect();
+            let lhs: f64 = col.iter().zip(&c).map(|(a, b)| a * b).sum();
+            let mut dx = vec![0.0; 20];
+            col2im(&mut c, &g, 0, 1, 0, 1, &mut dx);
+            let rhs: f64 = x.iter().zip(&dx).map(|(a, b)| a * b).sum();
+            assert!((lhs - rhs).abs() < 1e-12, "{k} {s} {p} {d}: {lhs} vs {rhs}");
+        }
     }
 }

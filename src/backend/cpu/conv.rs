@@ -6,8 +6,9 @@
 use super::PARALLEL_WORK;
 use super::buffer::{Buffer, new_filled, new_overwritten};
 use super::elementwise::to_vec;
-use super::fork::{fork, may_fork};
+use super::fork::{PARALLEL_FLOPS, fork, fork_if, may_fork};
 use super::matmul::matmul_2d;
+use super::simd::widest;
 use super::strided::{Mat, Strided};
 use crate::backend::window::{Geom, nchw_strides};
 use crate::dtype::Native;
@@ -111,10 +112,11 @@ pub(crate) fn im2col<T: Native>(
 }
 
 /// The adjoint of [`im2col`]: add column matrix `col` (samples `n0..n0+nb`, channels
-/// `c0..c0+cg`) back into the contiguous `[N, C, H, W]` gradient `dx`.
+/// `c0..c0+cg`) back into the contiguous `[N, C, H, W]` gradient `dx`. `col` is
+/// scratch: elements that map into the padding may be overwritten with zeros.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn col2im<T: Native>(
-    col: &[T],
+    col: &mut [T],
     g: &Geom,
     n0: usize,
     nb: usize,
@@ -128,67 +130,71 @@ pub(crate) fn col2im<T: Native>(
         return;
     }
     // Unit strides and output rows as long as the input's (a "same" convolution, as in
-    // `im2col`): output element p of a tap adds into input element p + shift, so a tap's
-    // valid elements are one run of the plane, less the columns that wrap over an edge
-    // (masked out by `valid`: element `kj*L + p` says whether output element p's column
-    // is in range for kernel column kj).
+    // `im2col`): output element p of a tap adds into input element p + shift, so a
+    // tap's valid elements are one run of the plane, less the columns that wrap over an
+    // edge. Zero those first; then each tap is one vectorised add per plane.
     let plane_run = g.sw == 1 && g.sh == 1 && g.ow == g.w;
-    let valid: Vec<bool> = if plane_run {
-        (0..g.kw * lsz)
-            .map(|i| {
-                let (xlo, xhi) = g.cols(i / lsz);
-                (xlo..xhi).contains(&(i % lsz % g.ow))
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    // One plane (sample b, channel c) per task: planes are disjoint in `dx`.
-    let add_plane = |b: usize, c: usize, dst: &mut [T]| {
-        for ki in 0..g.kh {
-            let (ylo, yhi) = g.rows(ki);
-            for kj in 0..g.kw {
-                let (xlo, xhi) = g.cols(kj);
-                if xlo >= xhi || ylo >= yhi {
-                    continue; // the tap lands only in the padding: nothing to add back
-                }
-                let r = (c * g.kh + ki) * g.kw + kj;
-                let src = &col[r * ncols + b * lsz..r * ncols + (b + 1) * lsz];
-                if plane_run {
-                    let (first, last) = (ylo * g.ow + xlo, (yhi - 1) * g.ow + xhi);
-                    let d0 = (ylo + ki * g.dh - g.ph) * g.w + xlo + kj * g.dw - g.pw;
-                    let d = &mut dst[d0..d0 + (last - first)];
-                    let s = &src[first..last];
-                    if xlo == 0 && xhi == g.ow {
-                        for (o, &v) in d.iter_mut().zip(s) {
-                            *o = o.add(v);
-                        }
-                    } else {
-                        let m = &valid[kj * lsz + first..kj * lsz + last];
-                        for ((o, &v), &ok) in d.iter_mut().zip(s).zip(m) {
-                            *o = if ok { o.add(v) } else { *o };
-                        }
-                    }
-                    continue;
-                }
-                for oy in ylo..yhi {
-                    let iy = oy * g.sh + ki * g.dh - g.ph;
-                    let srow = &src[oy * g.ow..(oy + 1) * g.ow];
-                    let x0 = xlo * g.sw + kj * g.dw - g.pw;
-                    let drow = &mut dst[iy * g.w..(iy + 1) * g.w];
-                    if g.sw == 1 {
-                        for (o, &v) in drow[x0..x0 + (xhi - xlo)].iter_mut().zip(&srow[xlo..xhi]) {
-                            *o = o.add(v);
-                        }
-                    } else {
-                        for (i, &v) in srow[xlo..xhi].iter().enumerate() {
-                            let o = &mut drow[x0 + i * g.sw];
-                            *o = o.add(v);
-                        }
+    if plane_run {
+        for (r, row) in col.chunks_mut(ncols).take(cg * g.kh * g.kw).enumerate() {
+            let (ylo, yhi) = g.rows((r / g.kw) % g.kh);
+            let (xlo, xhi) = g.cols(r % g.kw);
+            if (xlo == 0 && xhi == g.ow) || xlo >= xhi {
+                continue;
+            }
+            for s in row.chunks_mut(lsz) {
+                for oy in ylo..yhi.saturating_sub(1) {
+                    for e in &mut s[oy * g.ow + xhi..(oy + 1) * g.ow + xlo] {
+                        *e = T::ZERO;
                     }
                 }
             }
         }
+    }
+    let col = &*col;
+    // One plane (sample b, channel c) per task: planes are disjoint in `dx`.
+    let add_plane = |b: usize, c: usize, dst: &mut [T]| {
+        widest(
+            #[inline(always)]
+            || {
+                for ki in 0..g.kh {
+                    let (ylo, yhi) = g.rows(ki);
+                    for kj in 0..g.kw {
+                        let (xlo, xhi) = g.cols(kj);
+                        if xlo >= xhi || ylo >= yhi {
+                            continue; // the tap lands only in the padding: nothing to add
+                        }
+                        let r = (c * g.kh + ki) * g.kw + kj;
+                        let src = &col[r * ncols + b * lsz..r * ncols + (b + 1) * lsz];
+                        if plane_run {
+                            let (first, last) = (ylo * g.ow + xlo, (yhi - 1) * g.ow + xhi);
+                            let d0 = (ylo + ki * g.dh - g.ph) * g.w + xlo + kj * g.dw - g.pw;
+                            let d = &mut dst[d0..d0 + (last - first)];
+                            for (o, &v) in d.iter_mut().zip(&src[first..last]) {
+                                *o = o.add(v);
+                            }
+                            continue;
+                        }
+                        for oy in ylo..yhi {
+                            let iy = oy * g.sh + ki * g.dh - g.ph;
+                            let srow = &src[oy * g.ow..(oy + 1) * g.ow];
+                            let x0 = xlo * g.sw + kj * g.dw - g.pw;
+                            let drow = &mut dst[iy * g.w..(iy + 1) * g.w];
+                            if g.sw == 1 {
+                                let run = drow[x0..x0 + (xhi - xlo)].iter_mut();
+                                for (o, &v) in run.zip(&srow[xlo..xhi]) {
+                                    *o = o.add(v);
+                                }
+                            } else {
+                                for (i, &v) in srow[xlo..xhi].iter().enumerate() {
+                                    let o = &mut drow[x0 + i * g.sw];
+                                    *o = o.add(v);
+                                }
+                            }
+                        }
+                    }
+                }
+            },
+        )
     };
     let par = nb * cg * plane * g.kh * g.kw >= PARALLEL_WORK && may_fork();
     if par && cg == g.c {
@@ -221,6 +227,17 @@ pub(crate) fn col2im<T: Native>(
     }
 }
 
+/// Whether a convolution (or one of its gradients) is worth splitting across threads:
+/// its multiply-adds (`N·O·L·k`, k = C/groups·kh·kw) reach gemm's own threshold. Its
+/// kernel then forks once around all its steps (im2col, gemm, col2im), which split on
+/// the pool they run on.
+fn big(g: &Geom, o_count: usize, k: usize) -> bool {
+    g.n.saturating_mul(o_count)
+        .saturating_mul(g.l())
+        .saturating_mul(k)
+        >= PARALLEL_FLOPS
+}
+
 /// Samples per im2col chunk.
 fn chunk(g: &Geom, k: usize) -> usize {
     (COL_LIMIT / (k * g.l()).max(1)).clamp(1, g.n.max(1))
@@ -238,6 +255,11 @@ fn gather_grad<T: Native>(g: Strided<'_, T>, n0: usize, nb: usize, lsz: usize, o
         for b in 0..nb {
             let dst = &mut out[o * ncols + b * lsz..o * ncols + (b + 1) * lsz];
             let base = off + (n0 + b) as isize * st[0] + o as isize * st[1];
+            if st[3] == 1 && st[2] == ow as isize {
+                // A contiguous plane: one copy.
+                dst.copy_from_slice(&data[base as usize..base as usize + lsz]);
+                continue;
+            }
             for (y, row) in dst.chunks_mut(ow.max(1)).enumerate().take(oh) {
                 let start = base + y as isize * st[2];
                 if st[3] == 1 {
@@ -297,37 +319,39 @@ pub(crate) fn conv2d_kernel<T: Native>(
                 if total == 0 {
                     return;
                 }
-                for n0 in (0..g.n).step_by(nb_max) {
-                    let nb = nb_max.min(g.n - n0);
-                    let ncols = nb * lsz;
-                    for gi in 0..groups {
-                        im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
-                        let a = Mat {
-                            data: wd,
-                            off: (woff + gi * og * k) as isize,
-                            rs: k as isize,
-                            cs: 1,
-                        };
-                        let b = Mat {
-                            data: col,
-                            off: 0,
-                            rs: ncols as isize,
-                            cs: 1,
-                        };
-                        matmul_2d(og, ncols, k, a, b, tmp);
-                        for o in 0..og {
-                            let oc = gi * og + o;
-                            let add = bias.as_ref().map_or(T::ZERO, |b| b[oc]);
-                            for bb in 0..nb {
-                                let dst = &mut out[((n0 + bb) * o_count + oc) * lsz..][..lsz];
-                                let src = &tmp[o * ncols + bb * lsz..][..lsz];
-                                for (d, &s) in dst.iter_mut().zip(src) {
-                                    *d = s.add(add);
+                fork_if(big(g, o_count, k), || {
+                    for n0 in (0..g.n).step_by(nb_max) {
+                        let nb = nb_max.min(g.n - n0);
+                        let ncols = nb * lsz;
+                        for gi in 0..groups {
+                            im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
+                            let a = Mat {
+                                data: wd,
+                                off: (woff + gi * og * k) as isize,
+                                rs: k as isize,
+                                cs: 1,
+                            };
+                            let b = Mat {
+                                data: col,
+                                off: 0,
+                                rs: ncols as isize,
+                                cs: 1,
+                            };
+                            matmul_2d(og, ncols, k, a, b, tmp);
+                            for o in 0..og {
+                                let oc = gi * og + o;
+                                let add = bias.as_ref().map_or(T::ZERO, |b| b[oc]);
+                                for bb in 0..nb {
+                                    let dst = &mut out[((n0 + bb) * o_count + oc) * lsz..][..lsz];
+                                    let src = &tmp[o * ncols + bb * lsz..][..lsz];
+                                    for (d, &s) in dst.iter_mut().zip(src) {
+                                        *d = s.add(add);
+                                    }
                                 }
                             }
                         }
                     }
-                }
+                })
             })
         })
     })??
@@ -353,27 +377,29 @@ pub(crate) fn conv2d_grad_input_kernel<T: Native>(
                 if lsz == 0 || k == 0 {
                     return;
                 }
-                for n0 in (0..g.n).step_by(nb_max) {
-                    let nb = nb_max.min(g.n - n0);
-                    let ncols = nb * lsz;
-                    gather_grad(gr, n0, nb, lsz, gt);
-                    for gi in 0..groups {
-                        let a = Mat {
-                            data: wd,
-                            off: (woff + gi * og * k) as isize,
-                            rs: 1,
-                            cs: k as isize,
-                        };
-                        let b = Mat {
-                            data: gt,
-                            off: (gi * og * ncols) as isize,
-                            rs: ncols as isize,
-                            cs: 1,
-                        };
-                        matmul_2d(k, ncols, og, a, b, dcol);
-                        col2im(dcol, g, n0, nb, gi * cg, cg, dx);
+                fork_if(big(g, o_count, k), || {
+                    for n0 in (0..g.n).step_by(nb_max) {
+                        let nb = nb_max.min(g.n - n0);
+                        let ncols = nb * lsz;
+                        gather_grad(gr, n0, nb, lsz, gt);
+                        for gi in 0..groups {
+                            let a = Mat {
+                                data: wd,
+                                off: (woff + gi * og * k) as isize,
+                                rs: 1,
+                                cs: k as isize,
+                            };
+                            let b = Mat {
+                                data: gt,
+                                off: (gi * og * ncols) as isize,
+                                rs: ncols as isize,
+                                cs: 1,
+                            };
+                            matmul_2d(k, ncols, og, a, b, dcol);
+                            col2im(dcol, g, n0, nb, gi * cg, cg, dx);
+                        }
                     }
-                }
+                })
             })
         })
     })??
@@ -399,37 +425,39 @@ pub(crate) fn conv2d_grad_weight_kernel<T: Native>(
                 if lsz == 0 || k == 0 || og == 0 {
                     return;
                 }
-                for n0 in (0..g.n).step_by(nb_max) {
-                    let nb = nb_max.min(g.n - n0);
-                    let ncols = nb * lsz;
-                    gather_grad(gr, n0, nb, lsz, gt);
-                    for gi in 0..groups {
-                        im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
-                        // `dWᵀ = col · Gᵀ` ([k, og], row-major), not `dW = G · colᵀ`:
-                        // gemm packs the operand read across its contiguous axis by
-                        // gathering one element at a time, and this way round that
-                        // operand is G (og rows), not the column matrix (k rows).
-                        let a = Mat {
-                            data: col,
-                            off: 0,
-                            rs: ncols as isize,
-                            cs: 1,
-                        };
-                        let b = Mat {
-                            data: gt,
-                            off: (gi * og * ncols) as isize,
-                            rs: 1,
-                            cs: ncols as isize,
-                        };
-                        matmul_2d(k, og, ncols, a, b, &mut tmp);
-                        let dst = &mut dw[gi * og * k..(gi + 1) * og * k];
-                        for (o, row) in dst.chunks_exact_mut(k).enumerate() {
-                            for (r, d) in row.iter_mut().enumerate() {
-                                *d = d.add(tmp[r * og + o]);
+                fork_if(big(g, o_count, k), || {
+                    for n0 in (0..g.n).step_by(nb_max) {
+                        let nb = nb_max.min(g.n - n0);
+                        let ncols = nb * lsz;
+                        gather_grad(gr, n0, nb, lsz, gt);
+                        for gi in 0..groups {
+                            im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
+                            // `dWᵀ = col · Gᵀ` ([k, og], row-major), not `dW = G · colᵀ`:
+                            // gemm packs the operand read across its contiguous axis by
+                            // gathering one element at a time, and this way round that
+                            // operand is G (og rows), not the column matrix (k rows).
+                            let a = Mat {
+                                data: col,
+                                off: 0,
+                                rs: ncols as isize,
+                                cs: 1,
+                            };
+                            let b = Mat {
+                                data: gt,
+                                off: (gi * og * ncols) as isize,
+                                rs: 1,
+                                cs: ncols as isize,
+                            };
+                            matmul_2d(k, og, ncols, a, b, &mut tmp);
+                            let dst = &mut dw[gi * og * k..(gi + 1) * og * k];
+                            for (o, row) in dst.chunks_exact_mut(k).enumerate() {
+                                for (r, d) in row.iter_mut().enumerate() {
+                                    *d = d.add(tmp[r * og + o]);
+                                }
                             }
                         }
                     }
-                }
+                })
             })
         })
     })??

@@ -3,6 +3,9 @@
 /// Contiguous element counts above which elementwise loops are split across threads.
 pub(super) const PARALLEL_ELEMS: usize = 1 << 18;
 
+/// Multiply-adds above which a matrix product (or a convolution) is split across threads.
+pub(super) const PARALLEL_FLOPS: usize = 1 << 21;
+
 // Large kernels split their work across ndscope's own rayon pool ([`fork`]), never
 // rayon's global pool, and only from a thread that holds no shard lock and is not a
 // rayon worker. A rayon worker that waits in a join runs other tasks of its pool
@@ -42,14 +45,22 @@ impl Drop for NoFork {
     }
 }
 
-/// Whether a kernel may split its work across the kernel pool ([`fork`]): not while
-/// this thread holds a shard lock (see [`NoFork`]), not on a worker thread of any
-/// rayon pool (the kernel pool's own, or one that runs user code), and not when the
+/// Whether a kernel may split its work across the kernel pool ([`fork`]): not when the
 /// pool has a single thread (handing the work to it and waiting would only add two
-/// thread switches).
+/// thread switches); always on a thread of the kernel pool itself (a kernel run inside
+/// a [`fork`] splits its loops on the pool it is on, which runs nothing but kernel
+/// splits); elsewhere, not while this thread holds a shard lock (see [`NoFork`]), and
+/// not on a worker thread of another rayon pool (one that runs user code).
 #[inline]
 pub(crate) fn may_fork() -> bool {
-    LOCKED.with(|c| c.get() == 0) && rayon::current_thread_index().is_none() && fork_threads() > 1
+    let pool = kernel_pool();
+    if pool.current_num_threads() <= 1 {
+        return false;
+    }
+    if pool.current_thread_index().is_some() {
+        return true;
+    }
+    LOCKED.with(|c| c.get() == 0) && rayon::current_thread_index().is_none()
 }
 
 /// ndscope's kernel pool: the threads that run the splits of large kernels, and only
@@ -67,10 +78,21 @@ fn kernel_pool() -> &'static rayon::ThreadPool {
 
 /// Run `f`, whose parallel loops split across the kernel pool, and wait for it. Call
 /// only where [`may_fork`] holds: the calling thread then waits without running
-/// anything else.
+/// anything else. On a thread of the kernel pool (inside an outer fork) `f` just runs:
+/// a kernel with several parallel steps forks once around all of them
+/// ([`fork_if`]), so the pool is woken and waited for once, not once a step.
 pub(crate) fn fork<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     debug_assert!(may_fork());
-    kernel_pool().install(f)
+    let pool = kernel_pool();
+    if pool.current_thread_index().is_some() {
+        return f();
+    }
+    pool.install(f)
+}
+
+/// [`fork`] when `big` and [`may_fork`] hold, else run `f` on this thread.
+pub(crate) fn fork_if<R: Send>(big: bool, f: impl FnOnce() -> R + Send) -> R {
+    if big && may_fork() { fork(f) } else { f() }
 }
 
 /// The number of threads a forked kernel splits its work across.

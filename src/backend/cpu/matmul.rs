@@ -1,7 +1,7 @@
 //! Matrix products: `gemm` for real work, a plain loop for tiny products, OpenBLAS
 //! under the `openblas` feature (see `super::blas`).
 
-use super::fork::{fork, fork_threads, may_fork};
+use super::fork::{PARALLEL_FLOPS, fork, fork_threads, may_fork};
 use super::strided::Mat;
 use crate::dtype::Native;
 
@@ -58,7 +58,7 @@ pub(crate) fn matmul_2d<T: Native>(
         assert!(in_bounds(&b, k, n));
         let flops = m * n * k;
         #[cfg(feature = "openblas")]
-        if flops >= 1 << 21 && may_fork() && super::blas::matmul(m, n, k, &a, &b, out) {
+        if flops >= PARALLEL_FLOPS && may_fork() && super::blas::matmul(m, n, k, &a, &b, out) {
             return;
         }
         let mut call = |par| {
@@ -92,7 +92,7 @@ pub(crate) fn matmul_2d<T: Native>(
                 );
             }
         };
-        if flops >= 1 << 21 && may_fork() {
+        if flops >= PARALLEL_FLOPS && may_fork() {
             // gemm splits its work on the pool it is called in: the kernel pool.
             fork(|| call(gemm::Parallelism::Rayon(fork_threads())));
         } else {
