@@ -65,11 +65,7 @@ pub(crate) fn im2col<T: Native>(
                 d[..first].fill(T::ZERO);
                 d[first..last].copy_from_slice(&x[s..s + (last - first)]);
                 d[last..].fill(T::ZERO);
-                for oy in ylo..yhi - 1 {
-                    for e in &mut d[oy * g.ow + xhi..(oy + 1) * g.ow + xlo] {
-                        *e = T::ZERO;
-                    }
-                }
+                zero_gaps(d, g, (ylo, yhi), (xlo, xhi));
                 continue;
             }
             for oy in 0..g.oh {
@@ -111,6 +107,23 @@ pub(crate) fn im2col<T: Native>(
     }
 }
 
+/// Zero the output columns outside `xlo..xhi` between valid output rows `ylo..yhi` of
+/// one tap's plane `d` (where a plane run wraps from one row's end to the next row's
+/// start). Column by column: the runs are a few elements long, and a loop along a row
+/// would become a `memset` call per row.
+fn zero_gaps<T: Native>(
+    d: &mut [T],
+    g: &Geom,
+    (ylo, yhi): (usize, usize),
+    (xlo, xhi): (usize, usize),
+) {
+    for j in xhi..g.ow + xlo {
+        for oy in ylo..yhi.saturating_sub(1) {
+            d[oy * g.ow + j] = T::ZERO;
+        }
+    }
+}
+
 /// The adjoint of [`im2col`]: add column matrix `col` (samples `n0..n0+nb`, channels
 /// `c0..c0+cg`) back into the contiguous `[N, C, H, W]` gradient `dx`. `col` is
 /// scratch: elements that map into the padding may be overwritten with zeros.
@@ -142,11 +155,7 @@ pub(crate) fn col2im<T: Native>(
                 continue;
             }
             for s in row.chunks_mut(lsz) {
-                for oy in ylo..yhi.saturating_sub(1) {
-                    for e in &mut s[oy * g.ow + xhi..(oy + 1) * g.ow + xlo] {
-                        *e = T::ZERO;
-                    }
-                }
+                zero_gaps(s, g, (ylo, yhi), (xlo, xhi));
             }
         }
     }
