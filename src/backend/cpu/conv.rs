@@ -6,7 +6,7 @@
 use super::PARALLEL_WORK;
 use super::buffer::{Buffer, new_filled, new_overwritten};
 use super::elementwise::to_vec;
-use super::fork::{PARALLEL_FLOPS, fork, fork_if, may_fork};
+use super::fork::{CONV_PARALLEL_FLOPS, fork, fork_if, may_fork};
 use super::matmul::matmul_2d;
 use super::simd::widest;
 use super::strided::{Mat, Strided};
@@ -237,14 +237,14 @@ pub(crate) fn col2im<T: Native>(
 }
 
 /// Whether a convolution (or one of its gradients) is worth splitting across threads:
-/// its multiply-adds (`N·O·L·k`, k = C/groups·kh·kw) reach gemm's own threshold. Its
+/// its multiply-adds (`N·O·L·k`, k = C/groups·kh·kw) reach [`CONV_PARALLEL_FLOPS`]. Its
 /// kernel then forks once around all its steps (im2col, gemm, col2im), which split on
-/// the pool they run on.
+/// the pool they run on; otherwise none of them forks.
 fn big(g: &Geom, o_count: usize, k: usize) -> bool {
     g.n.saturating_mul(o_count)
         .saturating_mul(g.l())
         .saturating_mul(k)
-        >= PARALLEL_FLOPS
+        >= CONV_PARALLEL_FLOPS
 }
 
 /// Samples per im2col chunk.

@@ -3,8 +3,14 @@
 /// Contiguous element counts above which elementwise loops are split across threads.
 pub(super) const PARALLEL_ELEMS: usize = 1 << 18;
 
-/// Multiply-adds above which a matrix product (or a convolution) is split across threads.
+/// Multiply-adds above which a matrix product is split across threads.
 pub(super) const PARALLEL_FLOPS: usize = 1 << 21;
+
+/// Multiply-adds above which a convolution or one of its gradients is split across
+/// threads (as a whole: im2col, gemm and col2im). Higher than a lone product's: on 2
+/// vCPUs a [32,16,8,8] 3×3 convolution (9.4M) and its gradients ran 760 µs a step on
+/// one thread and 805 µs forked (`examples/bench --only conv2d`, 2026-12-04).
+pub(super) const CONV_PARALLEL_FLOPS: usize = 1 << 24;
 
 // Large kernels split their work across ndscope's own rayon pool ([`fork`]), never
 // rayon's global pool, and only from a thread that holds no shard lock and is not a
@@ -26,8 +32,9 @@ thread_local! {
     static LOCKED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
-/// Marks the calling thread as holding a shard lock while alive: kernels run meanwhile
-/// do not fork ([`may_fork`]). Take it right after locking and keep it until unlocking.
+/// Marks the calling thread as holding a shard lock (or running a kernel that must stay
+/// on it, see [`fork_if`]) while alive: kernels run meanwhile do not fork
+/// ([`may_fork`]). Take it right after locking and keep it until unlocking.
 pub(crate) struct NoFork(());
 
 impl NoFork {
@@ -45,22 +52,21 @@ impl Drop for NoFork {
     }
 }
 
-/// Whether a kernel may split its work across the kernel pool ([`fork`]): not when the
-/// pool has a single thread (handing the work to it and waiting would only add two
-/// thread switches); always on a thread of the kernel pool itself (a kernel run inside
-/// a [`fork`] splits its loops on the pool it is on, which runs nothing but kernel
-/// splits); elsewhere, not while this thread holds a shard lock (see [`NoFork`]), and
-/// not on a worker thread of another rayon pool (one that runs user code).
+/// Whether a kernel may split its work across the kernel pool ([`fork`]): not while
+/// this thread holds a shard lock or runs a kernel kept on it (see [`NoFork`]); not
+/// when the pool has a single thread (handing the work to it and waiting would only add
+/// two thread switches); on a thread of the kernel pool itself, yes (a kernel run
+/// inside a [`fork`] splits its loops on the pool it is on, which runs nothing but
+/// kernel splits); on a worker thread of another rayon pool (one that runs user code),
+/// no.
 #[inline]
 pub(crate) fn may_fork() -> bool {
-    let pool = kernel_pool();
-    if pool.current_num_threads() <= 1 {
+    if LOCKED.with(|c| c.get() != 0) {
         return false;
     }
-    if pool.current_thread_index().is_some() {
-        return true;
-    }
-    LOCKED.with(|c| c.get() == 0) && rayon::current_thread_index().is_none()
+    let pool = kernel_pool();
+    pool.current_num_threads() > 1
+        && (pool.current_thread_index().is_some() || rayon::current_thread_index().is_none())
 }
 
 /// ndscope's kernel pool: the threads that run the splits of large kernels, and only
@@ -90,9 +96,16 @@ pub(crate) fn fork<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     pool.install(f)
 }
 
-/// [`fork`] when `big` and [`may_fork`] hold, else run `f` on this thread.
+/// [`fork`] when `big` and [`may_fork`] hold; else run `f` on this thread, where the
+/// steps inside it do not fork either (a kernel too small to split as a whole gains
+/// nothing from handing each of its steps to the pool).
 pub(crate) fn fork_if<R: Send>(big: bool, f: impl FnOnce() -> R + Send) -> R {
-    if big && may_fork() { fork(f) } else { f() }
+    if big && may_fork() {
+        fork(f)
+    } else {
+        let _inline = NoFork::new();
+        f()
+    }
 }
 
 /// The number of threads a forked kernel splits its work across.
