@@ -2,7 +2,7 @@
 //! engine. Every kernel here reads a slice plus a layout and writes a buffer or a slice.
 
 use super::fork::PARALLEL_ELEMS;
-use super::fork::fork_threads;
+use super::fork::{fork_if, fork_threads};
 use super::*;
 use crate::dtype::Native;
 use crate::layout::Layout;
@@ -233,7 +233,8 @@ fn reductions_split_across_threads_match_a_plain_loop() {
 /// Under [`NoFork`] (what the engine holds while it computes under a shard lock) a
 /// reduction big enough to split runs entirely on the calling thread; without it,
 /// the kernel pool's threads (and only those) take part, unless the caller is itself
-/// a rayon task. Guards may nest.
+/// a rayon task. Guards may nest. `fork_if(false, ..)` holds one; a fork on a
+/// kernel-pool thread runs in place.
 #[test]
 fn kernels_do_not_fork_under_a_shard_lock() {
     use std::collections::HashSet;
@@ -265,27 +266,45 @@ fn kernels_do_not_fork_under_a_shard_lock() {
         assert!(!may_fork());
         assert_eq!(threads_used(), HashSet::from([me]));
     }
-    assert!(may_fork());
-    // A split kernel runs on the kernel pool alone: never on rayon's global pool,
-    // whose workers may be running user tasks.
-    let names = Mutex::new(HashSet::new());
-    let x = Strided {
-        data: &data,
-        layout: &l,
-    };
-    reduce_outer::<f32, f32>(x, &[0], 0.0, |acc, v| {
-        let t = std::thread::current();
-        names.lock().unwrap().insert(t.name().map(str::to_owned));
-        acc + v
-    });
-    let names = names.into_inner().unwrap();
-    assert!(
-        names.iter().all(|n| n
-            .as_deref()
-            .is_some_and(|n| n.starts_with("ndscope-kernel-"))),
-        "{names:?}"
-    );
+    assert_eq!(may_fork(), fork_threads() > 1);
+    // A kernel kept inline by `fork_if` keeps its steps inline: they see `NoFork`.
+    assert!(!fork_if(false, may_fork));
+    assert_eq!(fork_if(false, threads_used), HashSet::from([me]));
     if fork_threads() > 1 {
+        // Inside a fork (on a kernel-pool thread), kernels may split on the pool they
+        // run on, and a nested fork runs its closure right there.
+        assert!(fork(may_fork));
+        let (outer, inner) = fork(|| {
+            let t = std::thread::current();
+            (t.id(), fork(|| std::thread::current().id()))
+        });
+        assert_eq!(outer, inner);
+        assert_ne!(outer, me);
+        assert!(!fork(|| fork_if(false, may_fork)));
+    }
+    // A split kernel runs on the kernel pool alone: never on rayon's global pool,
+    // whose workers may be running user tasks. (With a one-thread pool nothing splits:
+    // the kernel runs on the calling thread.)
+    if fork_threads() == 1 {
+        assert_eq!(threads_used(), HashSet::from([me]));
+    } else {
+        let names = Mutex::new(HashSet::new());
+        let x = Strided {
+            data: &data,
+            layout: &l,
+        };
+        reduce_outer::<f32, f32>(x, &[0], 0.0, |acc, v| {
+            let t = std::thread::current();
+            names.lock().unwrap().insert(t.name().map(str::to_owned));
+            acc + v
+        });
+        let names = names.into_inner().unwrap();
+        assert!(
+            names.iter().all(|n| n
+                .as_deref()
+                .is_some_and(|n| n.starts_with("ndscope-kernel-"))),
+            "{names:?}"
+        );
         assert!(threads_used().iter().any(|&t| t != me));
     }
     // Called from inside a rayon task, a kernel runs on that task's thread alone.
