@@ -214,16 +214,20 @@ fn load<S: Copy, D: Copy>(d: &[S], p: isize, s: isize, out: &mut [D], f: impl Fn
 /// `lanes[j % LANES] += f(v[j])`.
 #[inline(always)]
 fn add_lanes(lanes: &mut [f64; LANES], v: &[f64], f: impl Fn(f64) -> f64) {
+    // A local copy: the sums stay in a register (through `lanes` they would be stored
+    // back at every element, one lane at a time, as it may alias `v`).
+    let mut l = *lanes;
     let quads = v.chunks_exact(LANES);
     let rest = quads.remainder();
     for q in quads {
         for j in 0..LANES {
-            lanes[j] += f(q[j]);
+            l[j] += f(q[j]);
         }
     }
     for (j, &e) in rest.iter().enumerate() {
-        lanes[j] += f(e);
+        l[j] += f(e);
     }
+    *lanes = l;
 }
 
 /// The sum of the lanes, pairwise.
@@ -242,8 +246,9 @@ enum Step<const K: usize> {
 /// `at`) in chunks of [`CHUNK`] elements, whatever rows the walk takes: the group's
 /// element `i` sits at position `i % CHUNK` of its chunk, so its lane in a sum is the
 /// same for a view as for its contiguous copy, and so are the bits of the sum.
-/// `step(Load(..))` fills part of the chunk, `step(Flush(k))` uses a chunk of `k`; each
-/// call runs compiled for the widest vector unit (mark `step` `#[inline(always)]`).
+/// `step(Load(..))` fills part of the chunk, `step(Flush(k))` uses a chunk of `k`; a
+/// row's steps run as one loop compiled for the widest vector unit (mark `step`
+/// `#[inline(always)]`), so a long row pays for one dispatch, not one per chunk.
 fn in_chunks<const K: usize>(
     nd: &[usize],
     inner: [&[isize]; K],
@@ -252,23 +257,22 @@ fn in_chunks<const K: usize>(
 ) {
     let mut fill = 0;
     for_each_row(nd, inner, at, |o, n, st| {
-        let mut done = 0;
-        while done < n {
-            let take = (CHUNK - fill).min(n - done);
-            let p = std::array::from_fn(|j| o[j] + done as isize * st[j]);
-            widest(
-                #[inline(always)]
-                || step(Step::Load(p, st, fill..fill + take)),
-            );
-            (fill, done) = (fill + take, done + take);
-            if fill == CHUNK {
-                widest(
-                    #[inline(always)]
-                    || step(Step::Flush(CHUNK)),
-                );
-                fill = 0;
-            }
-        }
+        widest(
+            #[inline(always)]
+            || {
+                let mut done = 0;
+                while done < n {
+                    let take = (CHUNK - fill).min(n - done);
+                    let p = std::array::from_fn(|j| o[j] + done as isize * st[j]);
+                    step(Step::Load(p, st, fill..fill + take));
+                    (fill, done) = (fill + take, done + take);
+                    if fill == CHUNK {
+                        step(Step::Flush(CHUNK));
+                        fill = 0;
+                    }
+                }
+            },
+        )
     });
     if fill > 0 {
         widest(
@@ -507,24 +511,27 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
                             }
                         }
                         Step::Flush(k) => {
+                            // A local copy, as in `add_lanes`.
+                            let mut l = lanes;
                             let (xs, ys, cs) = (&xs[..k], &ys[..k], &cs[..k]);
                             let q = xs.chunks_exact(LANES).zip(ys.chunks_exact(LANES));
                             for ((x8, g8), c8) in q.zip(cs.chunks_exact(LANES)) {
                                 for j in 0..LANES {
                                     let dxh = g8[j] * c8[j];
-                                    lanes[0][j] += dxh;
-                                    lanes[1][j] += dxh * x8[j];
-                                    lanes[2][j] += g8[j] * x8[j];
-                                    lanes[3][j] += g8[j];
+                                    l[0][j] += dxh;
+                                    l[1][j] += dxh * x8[j];
+                                    l[2][j] += g8[j] * x8[j];
+                                    l[3][j] += g8[j];
                                 }
                             }
                             for (j, i) in (k - k % LANES..k).enumerate() {
                                 let dxh = ys[i] * cs[i];
-                                lanes[0][j] += dxh;
-                                lanes[1][j] += dxh * xs[i];
-                                lanes[2][j] += ys[i] * xs[i];
-                                lanes[3][j] += ys[i];
+                                l[0][j] += dxh;
+                                l[1][j] += dxh * xs[i];
+                                l[2][j] += ys[i] * xs[i];
+                                l[3][j] += ys[i];
                             }
+                            lanes = l;
                         }
                     },
                 );
