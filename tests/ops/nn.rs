@@ -639,6 +639,63 @@ fn layer_norm_gradients() {
     });
 }
 
+/// The f32 kernels (their elementwise passes run in f32, the sums in f64) agree with
+/// f64 within f32's precision, with rows longer than a chunk of the kernel (70 > 64), a
+/// mean far from zero and a weighted loss; and a permuted view (loaded element by
+/// element) gives the same bits as its contiguous copy, forward and backward.
+#[test]
+fn layer_norm_f32_agrees_with_f64_and_views_with_copies() {
+    let m = NDManager::new();
+    let x = vals(&m, &[3, 4, 70], 1) + 5.0;
+    let (g, b, w) = (
+        vals(&m, &[4, 70], 2),
+        vals(&m, &[4, 70], 3),
+        vals(&m, &[3, 4, 70], 4),
+    );
+    // y, then the gradients of sum(y * w) for the leaf `x` (through `view`), gamma and
+    // beta, in dtype `dt`.
+    let run = |x: NDArray, view: &dyn Fn(NDArray) -> NDArray, dt: DType| -> Vec<Vec<f64>> {
+        let (gs, bs) = (g.to_dtype(dt), b.to_dtype(dt));
+        for a in [x, gs, bs] {
+            a.set_requires_gradient(true);
+        }
+        let gc = GradientCollector::new();
+        let y = view(x).layer_norm(&[1, 2], Some(gs), Some(bs), 1e-5);
+        gc.backward((y * w.to_dtype(dt)).sum()).unwrap();
+        drop(gc);
+        let out = [y, view(x.gradient()), gs.gradient(), bs.gradient()];
+        out.iter().map(|a| f64s(a.to_dtype(DType::F64))).collect()
+    };
+    let same = |a: NDArray| a;
+    let (want, got) = (
+        run(x, &same, DType::F64),
+        run(x.to_dtype(DType::F32), &same, DType::F32),
+    );
+    let names = ["y", "dx", "dgamma", "dbeta"];
+    for (what, (g, w)) in names.iter().zip(got.iter().zip(&want)) {
+        let scale = w.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+        for (i, (a, e)) in g.iter().zip(w).enumerate() {
+            assert!(
+                (a - e).abs() <= 1e-5 * scale,
+                "{what}[{i}]: f32 {a}, f64 {e}"
+            );
+        }
+    }
+    // The normalised axes strided ([3, 70, 4] seen as [3, 4, 70]), against a copy.
+    let xt = x.reshape([3, 70, 4]).to_dtype(DType::F32);
+    let permuted = |a: NDArray| a.permute(&[0, 2, 1]);
+    let dense = permuted(xt).to_dtype(DType::F64).to_dtype(DType::F32);
+    let (view, copy) = (
+        run(xt, &permuted, DType::F32),
+        run(dense, &same, DType::F32),
+    );
+    for (what, (v, c)) in names.iter().zip(view.iter().zip(&copy)) {
+        let bits = |v: &[f64]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(v), bits(c), "{what}: a view and its copy differ");
+    }
+    m.close();
+}
+
 #[test]
 fn layer_norm_errors() {
     let m = NDManager::new();

@@ -211,6 +211,19 @@ fn load<S: Copy, D: Copy>(d: &[S], p: isize, s: isize, out: &mut [D], f: impl Fn
     }
 }
 
+/// The `k` elements `d[p + i*s]`: the slice itself when contiguous, else copied into
+/// `buf` (a broadcast one filled), so the arithmetic after it reads plain slices either
+/// way and a contiguous operand costs no copy.
+#[inline(always)]
+fn view<'a, T: Copy>(d: &'a [T], p: isize, s: isize, k: usize, buf: &'a mut [T]) -> &'a [T] {
+    if s == 1 {
+        &d[p as usize..p as usize + k]
+    } else {
+        load(d, p, s, &mut buf[..k], |v| v);
+        &buf[..k]
+    }
+}
+
 /// `lanes[j % LANES] += f(v[j])`.
 #[inline(always)]
 fn add_lanes(lanes: &mut [f64; LANES], v: &[f64], f: impl Fn(f64) -> f64) {
@@ -362,14 +375,13 @@ pub(crate) fn normalize_kernel<T: Float>(
             par,
             #[inline(always)]
             |o, len, st, dst| {
-                let [mut xs, mut gs, mut bs, mut ms, mut ss] = [[T::ZERO; CHUNK]; 5];
+                let [mut xb, mut gb, mut bb, mut mb, mut sb] = [[T::ZERO; CHUNK]; 5];
                 for c0 in (0..len).step_by(CHUNK) {
                     let k = CHUNK.min(len - c0);
                     let at = |j: usize| o[j] + c0 as isize * st[j];
-                    let (xs, gs, bs) = (&mut xs[..k], &mut gs[..k], &mut bs[..k]);
-                    load(xd, at(0), st[0], xs, |v| v);
-                    load(gamma.data, at(1), st[1], gs, |v| v);
-                    load(beta.data, at(2), st[2], bs, |v| v);
+                    let xs = view(xd, at(0), st[0], k, &mut xb);
+                    let gs = view(gamma.data, at(1), st[1], k, &mut gb);
+                    let bs = view(beta.data, at(2), st[2], k, &mut bb);
                     let dst = &mut dst[c0..c0 + k];
                     if st[3] == 0 {
                         // One group along the row (the usual case).
@@ -378,9 +390,8 @@ pub(crate) fn normalize_kernel<T: Float>(
                             dst[i] = xs[i].sub(m).mul(r).mul(gs[i]).add(bs[i]);
                         }
                     } else {
-                        let (ms, ss) = (&mut ms[..k], &mut ss[..k]);
-                        load(&mu, at(3), st[3], ms, |v| v);
-                        load(&rs, at(3), st[3], ss, |v| v);
+                        let ms = view(&mu, at(3), st[3], k, &mut mb);
+                        let ss = view(&rs, at(3), st[3], k, &mut sb);
                         for i in 0..k {
                             dst[i] = xs[i].sub(ms[i]).mul(ss[i]).mul(gs[i]).add(bs[i]);
                         }
@@ -562,7 +573,10 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
             m2.push(b);
         }
     }
-    // Phase 2: dx, element by element.
+    // Phase 2: dx, element by element, in `T` (as the forward's write): the per-group
+    // values rounded once, `rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))`.
+    let in_t = |v: &[f64]| -> Vec<T> { v.iter().map(|&e| T::from_f64(e)).collect() };
+    let (mean, rstd, m1, m2) = (in_t(mean), in_t(rstd), in_t(&m1), in_t(&m2));
     let strides = [strides[0], strides[1], strides[2], &gr.index];
     let base = [base[0], base[1], base[2], 0];
     let dx = new_overwritten::<T>(l.size(), |out| {
@@ -574,18 +588,19 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
             par,
             #[inline(always)]
             |o, len, st, dst| {
-                let [mut xs, mut ys, mut cs, mut mus, mut rss, mut a, mut b] = [[0.0f64; CHUNK]; 7];
+                let [mut xb, mut yb, mut cb, mut mb, mut rb, mut ab, mut bb] =
+                    [[T::ZERO; CHUNK]; 7];
                 for c0 in (0..len).step_by(CHUNK) {
                     let k = CHUNK.min(len - c0);
                     let at = |j: usize| o[j] + c0 as isize * st[j];
-                    let (xs, ys, cs) = (&mut xs[..k], &mut ys[..k], &mut cs[..k]);
-                    load(xd, at(0), st[0], xs, |v| v.to_f64());
-                    load(gd, at(1), st[1], ys, |v| v.to_f64());
-                    load(gamma.data, at(2), st[2], cs, |v| v.to_f64());
+                    let xs = view(xd, at(0), st[0], k, &mut xb);
+                    let ys = view(gd, at(1), st[1], k, &mut yb);
+                    let cs = view(gamma.data, at(2), st[2], k, &mut cb);
                     let dst = &mut dst[c0..c0 + k];
-                    let dx = |x: f64, g: f64, c: f64, mu: f64, rs: f64, a: f64, b: f64| {
-                        T::from_f64(rs * (g * c - a - (x - mu) * rs * b))
-                    };
+                    #[inline(always)]
+                    fn dx<T: Native>(x: T, g: T, c: T, mu: T, rs: T, a: T, b: T) -> T {
+                        rs.mul(g.mul(c).sub(a).sub(x.sub(mu).mul(rs).mul(b)))
+                    }
                     if st[3] == 0 {
                         // One group along the row (the usual case).
                         let q = at(3) as usize;
@@ -594,12 +609,11 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
                             dst[i] = dx(xs[i], ys[i], cs[i], mu, rs, a, b);
                         }
                     } else {
-                        let (mus, rss, a, b) =
-                            (&mut mus[..k], &mut rss[..k], &mut a[..k], &mut b[..k]);
-                        load(mean, at(3), st[3], mus, |v| v);
-                        load(rstd, at(3), st[3], rss, |v| v);
-                        load(&m1, at(3), st[3], a, |v| v);
-                        load(&m2, at(3), st[3], b, |v| v);
+                        let q = (at(3), st[3]);
+                        let mus = view(&mean, q.0, q.1, k, &mut mb);
+                        let rss = view(&rstd, q.0, q.1, k, &mut rb);
+                        let a = view(&m1, q.0, q.1, k, &mut ab);
+                        let b = view(&m2, q.0, q.1, k, &mut bb);
                         for i in 0..k {
                             dst[i] = dx(xs[i], ys[i], cs[i], mus[i], rss[i], a[i], b[i]);
                         }
