@@ -150,6 +150,15 @@ pub(crate) fn new_filled<T: Native>(len: usize, fill: impl FnOnce(&mut [T])) -> 
     Ok(buf)
 }
 
+/// Run `f` on a scratch slice of `len` elements taken from the buffer pool (not
+/// zeroed: `f` must write before it reads) and return its result; the memory goes
+/// back to the pool, so repeated calls neither zero nor fault in fresh pages.
+pub(crate) fn with_scratch<T: Native, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+    let mut r = None;
+    let _buf = new_overwritten::<T>(len, |s| r = Some(f(s)))?;
+    Ok(r.expect("new_overwritten calls its closure"))
+}
+
 /// A new buffer of `len` elements of `T` that `fill` must overwrite entirely: it may
 /// come from the caching pool holding old values (never zeroed again, so large outputs
 /// cost no extra pass). Use [`new_filled`] when `fill` relies on zeros.

@@ -4,7 +4,7 @@
 //! view is not copied first).
 
 use super::PARALLEL_WORK;
-use super::buffer::{Buffer, new_filled, new_overwritten};
+use super::buffer::{Buffer, new_filled, new_overwritten, with_scratch};
 use super::elementwise::to_vec;
 use super::fork::{CONV_PARALLEL_FLOPS, fork, fork_if, may_fork};
 use super::matmul::matmul_2d;
@@ -281,15 +281,6 @@ fn gather_grad<T: Native>(g: Strided<'_, T>, n0: usize, nb: usize, lsz: usize, o
             }
         }
     }
-}
-
-/// Run `f` on a scratch slice of `len` elements taken from the buffer pool (not
-/// zeroed: `f` must write before it reads) and return its result; the memory goes
-/// back to the pool, so repeated calls neither zero nor fault in fresh pages.
-fn with_scratch<T: Native, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
-    let mut r = None;
-    let _buf = new_overwritten::<T>(len, |s| r = Some(f(s)))?;
-    Ok(r.expect("new_overwritten calls its closure"))
 }
 
 /// A weight `[O, C/groups, kh, kw]` as a contiguous slice and its start offset (copied

@@ -20,7 +20,7 @@
 //! contiguous operand is one copy, a broadcast one a fill), so the arithmetic is
 //! straight loops over arrays, which vectorise whatever the operands' strides.
 
-use super::buffer::{Buffer, new_overwritten};
+use super::buffer::{Buffer, new_overwritten, with_scratch};
 use super::fork::{PARALLEL_ELEMS, fork, may_fork};
 use super::simd::widest;
 use super::strided::{Strided, StridedMut};
@@ -141,10 +141,26 @@ fn parallel(work: usize) -> bool {
 
 /// `f(i)` for `i` in `0..n`, in parallel when `par`.
 fn map_range<R: Send>(n: usize, par: bool, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
-    if par && n > 1 {
-        fork(|| (0..n).into_par_iter().map(&f).collect())
+    map_each(vec![(); n], par, |i, ()| f(i))
+}
+
+/// `f(i, item)` for each of `items` in order, in parallel when `par`.
+fn map_each<A: Send, R: Send>(
+    items: Vec<A>,
+    par: bool,
+    f: impl Fn(usize, A) -> R + Sync + Send,
+) -> Vec<R> {
+    if par && items.len() > 1 {
+        fork(|| {
+            let each = items.into_par_iter().enumerate();
+            each.map(|(i, a)| f(i, a)).collect()
+        })
     } else {
-        (0..n).map(f).collect()
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| f(i, a))
+            .collect()
     }
 }
 
@@ -493,72 +509,88 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
     };
     let part = |p: usize| (p * gr.count / parts)..((p + 1) * gr.count / parts);
     // Phase 1: per group, Σ dxhat, Σ dxhat*xhat, Σ g*xhat and Σ g.
-    let partial = map_range(parts, par && l.size() >= parts * CHUNK, |p| {
-        let (mut dg, mut db) = match per_element {
-            true => (vec![0.0; sg_into.size], vec![0.0; sb_into.size]),
-            false => (Vec::new(), Vec::new()),
+    // The parts' element-by-element accumulators (gamma's, then beta's, per part) are
+    // scratch from the buffer pool: no fresh pages to fault in at every call.
+    let (gn, bn) = match per_element {
+        true => (sg_into.size, sb_into.size),
+        false => (0, 0),
+    };
+    let mut dgamma = vec![0.0; sg_into.size];
+    let mut dbeta = vec![0.0; sb_into.size];
+    let partial = with_scratch::<f64, _>(parts * (gn + bn), |acc| {
+        acc.fill(0.0);
+        let accs: Vec<&mut [f64]> = match gn + bn {
+            0 => (0..parts).map(|_| &mut [][..]).collect(),
+            n => acc.chunks_mut(n).collect(),
         };
-        let (mut xs, mut ys, mut cs) = ([0.0; CHUNK], [0.0; CHUNK], [0.0; CHUNK]);
-        let sums: Vec<[f64; 4]> = part(p)
-            .map(|gi| {
-                let (mu, rs) = (mean[gi], rstd[gi]);
-                let at: [usize; 5] = std::array::from_fn(|k| gr.start(gi, strides[k], base[k]));
-                let mut lanes = [[0.0f64; LANES]; 4];
-                in_chunks(
-                    &gr.nd,
-                    inner,
-                    at,
-                    #[inline(always)]
-                    |step| match step {
-                        Step::Load(p, st, r) => {
-                            let (xs, ys) = (&mut xs[r.clone()], &mut ys[r.clone()]);
-                            load(xd, p[0], st[0], xs, |v| (v.to_f64() - mu) * rs); // xhat
-                            load(gd, p[1], st[1], ys, |v| v.to_f64());
-                            load(gamma.data, p[2], st[2], &mut cs[r], |v| v.to_f64());
-                            if per_element {
-                                let gx = xs.iter().zip(ys.iter()).map(|(x, g)| g * x);
-                                add_strided(&mut dg, p[3], st[3], gx);
-                                add_strided(&mut db, p[4], st[4], ys.iter().copied());
-                            }
-                        }
-                        Step::Flush(k) => {
-                            // A local copy, as in `add_lanes`.
-                            let mut l = lanes;
-                            let (xs, ys, cs) = (&xs[..k], &ys[..k], &cs[..k]);
-                            let q = xs.chunks_exact(LANES).zip(ys.chunks_exact(LANES));
-                            for ((x8, g8), c8) in q.zip(cs.chunks_exact(LANES)) {
-                                for j in 0..LANES {
-                                    let dxh = g8[j] * c8[j];
-                                    l[0][j] += dxh;
-                                    l[1][j] += dxh * x8[j];
-                                    l[2][j] += g8[j] * x8[j];
-                                    l[3][j] += g8[j];
+        let partial = map_each(accs, par && l.size() >= parts * CHUNK, |p, acc| {
+            let (dg, db) = acc.split_at_mut(gn);
+            let (mut xs, mut ys, mut cs) = ([0.0; CHUNK], [0.0; CHUNK], [0.0; CHUNK]);
+            let sums: Vec<[f64; 4]> = part(p)
+                .map(|gi| {
+                    let (mu, rs) = (mean[gi], rstd[gi]);
+                    let at: [usize; 5] = std::array::from_fn(|k| gr.start(gi, strides[k], base[k]));
+                    let mut lanes = [[0.0f64; LANES]; 4];
+                    in_chunks(
+                        &gr.nd,
+                        inner,
+                        at,
+                        #[inline(always)]
+                        |step| match step {
+                            Step::Load(p, st, r) => {
+                                let (xs, ys) = (&mut xs[r.clone()], &mut ys[r.clone()]);
+                                load(xd, p[0], st[0], xs, |v| (v.to_f64() - mu) * rs); // xhat
+                                load(gd, p[1], st[1], ys, |v| v.to_f64());
+                                load(gamma.data, p[2], st[2], &mut cs[r], |v| v.to_f64());
+                                if per_element {
+                                    let gx = xs.iter().zip(ys.iter()).map(|(x, g)| g * x);
+                                    add_strided(dg, p[3], st[3], gx);
+                                    add_strided(db, p[4], st[4], ys.iter().copied());
                                 }
                             }
-                            for (j, i) in (k - k % LANES..k).enumerate() {
-                                let dxh = ys[i] * cs[i];
-                                l[0][j] += dxh;
-                                l[1][j] += dxh * xs[i];
-                                l[2][j] += ys[i] * xs[i];
-                                l[3][j] += ys[i];
+                            Step::Flush(k) => {
+                                // A local copy, as in `add_lanes`.
+                                let mut l = lanes;
+                                let (xs, ys, cs) = (&xs[..k], &ys[..k], &cs[..k]);
+                                let q = xs.chunks_exact(LANES).zip(ys.chunks_exact(LANES));
+                                for ((x8, g8), c8) in q.zip(cs.chunks_exact(LANES)) {
+                                    for j in 0..LANES {
+                                        let dxh = g8[j] * c8[j];
+                                        l[0][j] += dxh;
+                                        l[1][j] += dxh * x8[j];
+                                        l[2][j] += g8[j] * x8[j];
+                                        l[3][j] += g8[j];
+                                    }
+                                }
+                                for (j, i) in (k - k % LANES..k).enumerate() {
+                                    let dxh = ys[i] * cs[i];
+                                    l[0][j] += dxh;
+                                    l[1][j] += dxh * xs[i];
+                                    l[2][j] += ys[i] * xs[i];
+                                    l[3][j] += ys[i];
+                                }
+                                lanes = l;
                             }
-                            lanes = l;
-                        }
-                    },
-                );
-                lanes.map(|l| lanes_total(&l))
+                        },
+                    );
+                    lanes.map(|l| lanes_total(&l))
+                })
+                .collect();
+            (sums, &*dg, &*db)
+        });
+        // The parts' accumulators, added in part order.
+        partial
+            .into_iter()
+            .map(|(sums, dg, db)| {
+                dgamma.iter_mut().zip(dg).for_each(|(a, v)| *a += v);
+                dbeta.iter_mut().zip(db).for_each(|(a, v)| *a += v);
+                sums
             })
-            .collect();
-        (sums, dg, db)
-    });
-    let (mut dgamma, mut dbeta) = (vec![0.0; sg_into.size], vec![0.0; sb_into.size]);
+            .collect::<Vec<_>>()
+    })?;
     // Per group: mean(dxhat) and mean(dxhat * xhat), 0 with fixed statistics.
     let (mut m1, mut m2) = (Vec::with_capacity(gr.count), Vec::with_capacity(gr.count));
-    for (p, (sums, dg, db)) in partial.into_iter().enumerate() {
-        if per_element {
-            dgamma.iter_mut().zip(dg).for_each(|(a, v)| *a += v);
-            dbeta.iter_mut().zip(db).for_each(|(a, v)| *a += v);
-        }
+    for (p, sums) in partial.into_iter().enumerate() {
         for (gi, s) in part(p).zip(sums) {
             if !per_element {
                 dgamma[gr.start(gi, strides[3], 0)] += s[2];
