@@ -16,9 +16,13 @@
 //!    the kept axes' row-major strides, 0 on the normalised ones). The result is
 //!    contiguous, so it splits into disjoint runs along its first long axis.
 //!
-//! Rows are processed in chunks of [`CHUNK`] elements loaded into small arrays (a
-//! contiguous operand is one copy, a broadcast one a fill), so the arithmetic is
-//! straight loops over arrays, which vectorise whatever the operands' strides.
+//! Rows are processed in chunks of [`CHUNK`] elements, so the arithmetic is straight
+//! loops over slices, which vectorise whatever the operands' strides: the write passes
+//! read a contiguous operand in place and copy a strided one into a small array (a
+//! broadcast one is a fill, see `view`); the sums load the group's elements as f64
+//! into chunk arrays (`in_chunks`), so a view and its contiguous copy sum in the same
+//! lanes. The sums (statistics, gradient group sums, gamma's and beta's) are f64; the
+//! write passes compute in the input's dtype from per-group values rounded once.
 
 use super::buffer::{Buffer, new_overwritten, with_scratch};
 use super::fork::{PARALLEL_ELEMS, fork, may_fork};
