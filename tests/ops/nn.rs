@@ -829,6 +829,39 @@ fn batch_norm_training_matches_numpy_and_updates_running_stats() {
     m.close();
 }
 
+/// An f32 batch's variance is exact to f32 rounding when the values sit far from zero
+/// (mean 1e6, spread about 1: a sum of squares about the origin would lose ~12 of f64's
+/// digits) and each channel's first element, where the one-pass sums are shifted to,
+/// is an outlier: the running variance (momentum 1, so the batch's unbiased variance)
+/// against two passes in f64 over the same f32 values.
+#[test]
+fn batch_norm_f32_variance_survives_a_large_mean() {
+    let m = NDManager::new();
+    let shape = [2, 2, 16, 64];
+    let mut v = f64s(vals(&m, &shape, 5));
+    for c in 0..2 {
+        v[c * 1024] = 40.0; // the first element of channel c
+    }
+    let v: Vec<f32> = v.iter().map(|e| (e + 1e6) as f32).collect();
+    let x = m.create(&v, shape.to_vec());
+    let (rm, rv) = (m.zeros([2], DType::F32), m.zeros([2], DType::F32));
+    x.batch_norm(rm, rv, None, None, true, 1.0, 1e-5);
+    let got = f64s(rv.to_dtype(DType::F64));
+    for (c, got) in got.iter().enumerate() {
+        let e: Vec<f64> = (0..2)
+            .flat_map(|n| (0..1024).map(move |i| n * 2048 + c * 1024 + i))
+            .map(|i| v[i] as f64)
+            .collect();
+        let mean = e.iter().sum::<f64>() / 2048.0;
+        let want = e.iter().map(|a| (a - mean) * (a - mean)).sum::<f64>() / 2047.0;
+        assert!(
+            ((got - want) / want).abs() <= 1e-6,
+            "channel {c}: variance {got}, want {want}"
+        );
+    }
+    m.close();
+}
+
 #[test]
 fn batch_norm_inference_uses_and_keeps_running_stats() {
     let m = NDManager::new();

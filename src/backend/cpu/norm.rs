@@ -21,7 +21,8 @@
 //! read a contiguous operand in place and copy a strided one into a small array (a
 //! broadcast one is a fill, see `view`); the sums load the group's elements as f64
 //! into chunk arrays (`in_chunks`), so a view and its contiguous copy sum in the same
-//! lanes. The sums (statistics, gradient group sums, gamma's and beta's) are f64; the
+//! lanes. The sums (statistics, gradient group sums, gamma's and beta's) are f64 (an
+//! f32 group's mean and variance in one pass, see `group_stats`); the
 //! write passes compute in the input's dtype from per-group values rounded once.
 
 use super::buffer::{Buffer, new_overwritten, with_scratch};
@@ -337,7 +338,15 @@ fn group_sum<T: Native>(
     lanes_total(&lanes)
 }
 
-/// One group's mean and biased variance (f64, two passes over the group).
+/// One group's mean and biased variance, accumulated in f64.
+///
+/// Inputs narrower than f64 (f32) take one pass: the sums of `d = x - k` and `d²`
+/// with `k` the group's first element, then `var = Σd²/m - (Σd/m)²`. The subtraction
+/// cancels at most a factor `(k - mean)² / var + 1 ≤ m` (no element lies farther than
+/// `sqrt(m - 1)` standard deviations from the mean: Samuelson's inequality), so with
+/// f64's 29 bits beyond f32's the variance stays exact to f32 rounding for any group
+/// under 2^20 elements and far better than f32's own sum on larger ones. f64 inputs
+/// have no spare bits and keep two passes (the mean, then `Σ(x - mean)²`).
 fn group_stats<T: Native>(
     xd: &[T],
     start: usize,
@@ -345,14 +354,47 @@ fn group_stats<T: Native>(
     xn: &[isize],
     m: usize,
 ) -> (f64, f64) {
-    let mean = group_sum(xd, start, nd, xn, |v| v) / m as f64;
-    let var = group_sum(xd, start, nd, xn, |v| (v - mean) * (v - mean)) / m as f64;
-    (mean, var)
+    let mf = m as f64;
+    if std::mem::size_of::<T>() >= 8 || m == 0 {
+        let mean = group_sum(xd, start, nd, xn, |v| v) / mf;
+        let var = group_sum(xd, start, nd, xn, |v| (v - mean) * (v - mean)) / mf;
+        return (mean, var);
+    }
+    let k = xd[start].to_f64();
+    let (mut buf, mut s1, mut s2) = ([0.0f64; CHUNK], [0.0; LANES], [0.0; LANES]);
+    in_chunks(
+        nd,
+        [xn],
+        [start],
+        #[inline(always)]
+        |step| match step {
+            Step::Load(p, st, r) => load(xd, p[0], st[0], &mut buf[r], |v| v.to_f64() - k),
+            Step::Flush(n) => {
+                // Local copies, as in `add_lanes`.
+                let (mut a, mut b) = (s1, s2);
+                let quads = buf[..n].chunks_exact(LANES);
+                let rest = quads.remainder();
+                for q in quads {
+                    for j in 0..LANES {
+                        a[j] += q[j];
+                        b[j] += q[j] * q[j];
+                    }
+                }
+                for (j, &d) in rest.iter().enumerate() {
+                    a[j] += d;
+                    b[j] += d * d;
+                }
+                (s1, s2) = (a, b);
+            }
+        },
+    );
+    let d = lanes_total(&s1) / mf;
+    (k + d, (lanes_total(&s2) / mf - d * d).max(0.0))
 }
 
 /// The normalisation kernel: for every group of elements that agree on the kept axes
 /// (`!red`), `y = (x - mean) / sqrt(var + eps) * gamma + beta`, with the group's mean and
-/// biased variance (f64 accumulation, two passes), or the `given` per-group statistics.
+/// biased variance (f64 accumulation, [`group_stats`]), or the `given` per-group statistics.
 /// Returns `y` (contiguous, `x`'s shape) and the per-group mean and variance in
 /// row-major order of the kept axes.
 pub(crate) fn normalize_kernel<T: Float>(
