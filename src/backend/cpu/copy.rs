@@ -83,6 +83,9 @@ pub(crate) fn copy_strided<T: Native>(
             let (o, i) = (off[0] as usize, off[1]);
             if s[0] == 1 && s[1] == 1 {
                 out[o..o + len].copy_from_slice(&data[i as usize..i as usize + len]);
+            } else if s[0] == 1 && s[1] == 0 {
+                // A broadcast row (e.g. a one-element array expanded): a fill.
+                out[o..o + len].fill(data[i as usize]);
             } else {
                 for k in 0..len as isize {
                     out[(off[0] + k * s[0]) as usize] = data[(i + k * s[1]) as usize];
