@@ -343,10 +343,12 @@ fn group_sum<T: Native>(
 /// Inputs narrower than f64 (f32) take one pass: the sums of `d = x - k` and `d²`
 /// with `k` the group's first element, then `var = Σd²/m - (Σd/m)²`. The subtraction
 /// cancels at most a factor `(k - mean)² / var + 1 ≤ m` (no element lies farther than
-/// `sqrt(m - 1)` standard deviations from the mean: Samuelson's inequality), so with
-/// f64's 29 bits beyond f32's the variance stays exact to f32 rounding for any group
-/// under 2^20 elements and far better than f32's own sum on larger ones. f64 inputs
-/// have no spare bits and keep two passes (the mean, then `Σ(x - mean)²`).
+/// `sqrt(m - 1)` standard deviations from the mean: Samuelson's inequality), a few
+/// units unless the first element is an outlier. With the lane sums' own error (about
+/// `m / 8` roundings of f64) that bounds the variance's relative error by roughly
+/// `m² / 8 · 2⁻⁵³`: within f32's rounding (2⁻²⁴) for groups up to 2¹⁶ elements even in
+/// the worst case, and far below it on ordinary data. f64 inputs have no spare bits
+/// and keep two passes (the mean, then `Σ(x - mean)²`).
 fn group_stats<T: Native>(
     xd: &[T],
     start: usize,
