@@ -110,6 +110,9 @@ pub(crate) trait Native:
         if self.is_nan() || self < o { self } else { o }
     }
     fn is_nan(self) -> bool;
+    /// The larger of two values, a NaN ignored (`f32::max`): without a branch, unlike
+    /// [`max_of`](Native::max_of), which propagates NaN.
+    fn max_num(self, o: Self) -> Self;
     /// Lowest value (the identity of `max`).
     const LOWEST: Self;
     /// Highest value (the identity of `min`).
@@ -197,6 +200,10 @@ macro_rules! native_int {
             fn is_nan(self) -> bool {
                 false
             }
+            #[inline(always)]
+            fn max_num(self, o: Self) -> Self {
+                Ord::max(self, o)
+            }
         }
     };
 }
@@ -258,6 +265,10 @@ macro_rules! native_float {
             #[inline(always)]
             fn is_nan(self) -> bool {
                 self.is_nan()
+            }
+            #[inline(always)]
+            fn max_num(self, o: Self) -> Self {
+                <$t>::max(self, o)
             }
         }
     };

@@ -187,6 +187,23 @@ fn where_selects_with_broadcasting() {
         w.to_vec::<f64>().unwrap(),
         vec![1.0, -1.0, 3.0, 4.0, -2.0, 6.0]
     );
+    // A scalar on either side or both (a masked gradient's zero): each arm of the
+    // kernel's row cases, rows of 3 after the condition's broadcast.
+    let c = m.create(&[true, false, false, true, true, false], [2, 3]);
+    let s = m.create(&[9.0f64], []);
+    let t = m.create(&[-9.0f64], []);
+    assert_eq!(
+        c.where_(x, s).to_vec::<f64>().unwrap(),
+        vec![1.0, 9.0, 9.0, 4.0, 5.0, 9.0]
+    );
+    assert_eq!(
+        c.where_(s, x).to_vec::<f64>().unwrap(),
+        vec![9.0, 2.0, 3.0, 9.0, 9.0, 6.0]
+    );
+    assert_eq!(
+        c.where_(s, t).to_vec::<f64>().unwrap(),
+        vec![9.0, -9.0, -9.0, 9.0, 9.0, -9.0]
+    );
     // Same shapes (the contiguous fast path), from a comparison.
     let a = m.create(&[3i32, -1, 4, -1, 5], [5]);
     let zero = m.zeros([5], DType::I32);

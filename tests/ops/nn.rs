@@ -427,6 +427,46 @@ fn max_pool_pads_with_minus_infinity_and_propagates_nan() {
     m.close();
 }
 
+/// The first NaN of a window wins (value and gradient), and a later larger number does
+/// not displace it; an all -inf window picks its first element; ties go to the first.
+/// f32, random order of the cases across windows (the kernel selects without branches).
+#[test]
+fn max_pool_argmax_follows_scan_order_with_nan_and_infinities() {
+    let m = NDManager::new();
+    let inf = f32::INFINITY;
+    #[rustfmt::skip]
+    let v = [
+        1.0, f32::NAN, 5.0, f32::NAN,   // first NaN at 1
+        -inf, -inf, -inf, -inf,         // all -inf: the first
+        2.0, 7.0, 7.0, 1.0,             // tie: the first 7
+        f32::NAN, 9.0, 3.0, 4.0,        // NaN first of all
+    ];
+    // Each row of four is one 2x2 window: lay them out as a [1,1,2,8] input.
+    let mut x = vec![0.0f32; 16];
+    for w in 0..4 {
+        for (k, &e) in v[w * 4..w * 4 + 4].iter().enumerate() {
+            x[(k / 2) * 8 + w * 2 + k % 2] = e;
+        }
+    }
+    let x = m.create(&x, [1, 1, 2, 8]).set_requires_gradient(true);
+    let y;
+    {
+        let gc = GradientCollector::new();
+        y = x.max_pool2d([2, 2], [2, 2], [0, 0]);
+        gc.backward(y.sum()).unwrap();
+    }
+    let out: Vec<f32> = y.to_vec().unwrap();
+    assert!(out[0].is_nan() && out[3].is_nan(), "{out:?}");
+    assert_eq!((out[1], out[2]), (-inf, 7.0));
+    let g: Vec<f32> = x.gradient().to_vec().unwrap();
+    let mut want = vec![0.0f32; 16];
+    for (w, k) in [(0, 1), (1, 0), (2, 1), (3, 0)] {
+        want[(k / 2) * 8 + w * 2 + k % 2] = 1.0;
+    }
+    assert_eq!(g, want);
+    m.close();
+}
+
 #[test]
 fn pool_gradients() {
     // Distinct values (no ties), windows overlapping (stride < kernel) and padded.

@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::layout::{for_each_lane, for_each_row};
 use crate::shape::Shape;
 use rayon::prelude::*;
+use std::iter::repeat;
 
 /// Softmax (or log-softmax) of one lane: `src[s0 + i*ss]` into `dst[d0 + i*ds]`.
 #[inline]
@@ -111,26 +112,44 @@ pub(crate) fn select<T: Native>(
             [&os, &sc, &sx, &sy],
             [0, c.layout.offset, x.layout.offset, y.layout.offset],
             |off, len, s| {
+                if len == 0 {
+                    return;
+                }
                 let dst = &mut out[off[0] as usize..off[0] as usize + len];
-                if s[1..] == [1, 1, 1] {
-                    let (oc, ox, oy) = (off[1] as usize, off[2] as usize, off[3] as usize);
-                    let it = dc[oc..oc + len]
-                        .iter()
-                        .zip(&dx[ox..ox + len])
-                        .zip(&dy[oy..oy + len]);
-                    for (o, ((&k, &p), &q)) in dst.iter_mut().zip(it) {
-                        *o = if k != 0 { p } else { q };
-                    }
-                } else {
-                    for (i, o) in dst.iter_mut().enumerate() {
-                        let i = i as isize;
-                        let at = |k: usize| (off[k] + i * s[k]) as usize;
-                        *o = if dc[at(1)] != 0 { dx[at(2)] } else { dy[at(3)] };
+                let (oc, ox, oy) = (off[1] as usize, off[2] as usize, off[3] as usize);
+                // A contiguous condition with each value a run or one element repeated
+                // (a scalar such as a masked gradient's zero): no index arithmetic.
+                let conds = || dc[oc..oc + len].iter().map(|&k| k != 0);
+                let (xs, ys) = (&dx[ox..], &dy[oy..]);
+                match (s[1], s[2], s[3]) {
+                    (1, 1, 1) => pick(dst, conds(), xs[..len].iter(), ys[..len].iter()),
+                    (1, 1, 0) => pick(dst, conds(), xs[..len].iter(), repeat(&ys[0])),
+                    (1, 0, 1) => pick(dst, conds(), repeat(&xs[0]), ys[..len].iter()),
+                    (1, 0, 0) => pick(dst, conds(), repeat(&xs[0]), repeat(&ys[0])),
+                    _ => {
+                        for (i, o) in dst.iter_mut().enumerate() {
+                            let i = i as isize;
+                            let at = |k: usize| (off[k] + i * s[k]) as usize;
+                            *o = if dc[at(1)] != 0 { dx[at(2)] } else { dy[at(3)] };
+                        }
                     }
                 }
             },
         );
     })
+}
+
+/// `dst[i] = if cond[i] { x[i] } else { y[i] }` over one row.
+#[inline(always)]
+fn pick<'a, T: Native>(
+    dst: &mut [T],
+    cond: impl Iterator<Item = bool>,
+    x: impl Iterator<Item = &'a T>,
+    y: impl Iterator<Item = &'a T>,
+) {
+    for (o, ((k, &p), &q)) in dst.iter_mut().zip(cond.zip(x).zip(y)) {
+        *o = if k { p } else { q };
+    }
 }
 
 /// A new buffer holding `v` converted to `T`.
