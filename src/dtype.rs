@@ -113,6 +113,10 @@ pub(crate) trait Native:
     /// The larger of two values, a NaN ignored (`f32::max`): without a branch, unlike
     /// [`max_of`](Native::max_of), which propagates NaN.
     fn max_num(self, o: Self) -> Self;
+    /// `if k { a } else { b }` through a bit mask, never a branch: a loop of it
+    /// vectorises (LLVM turns a plain `if` between two loads into a load through a
+    /// chosen pointer, one element at a time, and a branch on random masks).
+    fn pick(k: bool, a: Self, b: Self) -> Self;
     /// Lowest value (the identity of `max`).
     const LOWEST: Self;
     /// Highest value (the identity of `min`).
@@ -204,6 +208,11 @@ macro_rules! native_int {
             fn max_num(self, o: Self) -> Self {
                 Ord::max(self, o)
             }
+            #[inline(always)]
+            fn pick(k: bool, a: Self, b: Self) -> Self {
+                let m = (0 as $t).wrapping_sub(k as $t);
+                (a & m) | (b & !m)
+            }
         }
     };
 }
@@ -212,7 +221,7 @@ native_int!(i64);
 native_int!(u8);
 
 macro_rules! native_float {
-    ($t:ty) => {
+    ($t:ty, $bits:ty) => {
         impl Native for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -270,11 +279,16 @@ macro_rules! native_float {
             fn max_num(self, o: Self) -> Self {
                 <$t>::max(self, o)
             }
+            #[inline(always)]
+            fn pick(k: bool, a: Self, b: Self) -> Self {
+                let m = (0 as $bits).wrapping_sub(k as $bits);
+                <$t>::from_bits((a.to_bits() & m) | (b.to_bits() & !m))
+            }
         }
     };
 }
-native_float!(f32);
-native_float!(f64);
+native_float!(f32, u32);
+native_float!(f64, u64);
 
 /// Float-only math used by the unary kernels.
 pub(crate) trait Float: Native {
@@ -480,3 +494,28 @@ macro_rules! dispatch_float {
 }
 
 pub(crate) use {dispatch, dispatch_float};
+
+#[cfg(test)]
+mod tests {
+    use super::Native;
+
+    /// `pick` hands back the chosen value's exact bits (NaN payloads, -0.0, extremes)
+    /// for every native type, whichever side is chosen.
+    #[test]
+    fn pick_keeps_the_chosen_bits() {
+        fn check<T: Native + std::fmt::Debug>(a: T, b: T, bits: impl Fn(T) -> u64) {
+            assert_eq!(bits(T::pick(true, a, b)), bits(a));
+            assert_eq!(bits(T::pick(false, a, b)), bits(b));
+            assert_eq!(bits(T::pick(true, b, a)), bits(b));
+            assert_eq!(bits(T::pick(false, b, a)), bits(a));
+        }
+        let nan = f32::from_bits(0x7fc0_1234);
+        check(nan, -0.0f32, |v| v.to_bits() as u64);
+        check(f32::NEG_INFINITY, f32::MIN_POSITIVE, |v| v.to_bits() as u64);
+        check(f64::from_bits(0xfff8_0000_0000_0abc), 0.0f64, f64::to_bits);
+        check(-1.5f64, f64::MAX, f64::to_bits);
+        check(i32::MIN, -1i32, |v| v as u32 as u64);
+        check(i64::MAX, i64::MIN, |v| v as u64);
+        check(0u8, 255u8, |v| v as u64);
+    }
+}
