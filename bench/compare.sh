@@ -8,7 +8,8 @@
 # first build. Extra arguments (e.g. --quick) go to all three programs.
 # Then the nn workloads (conv2d_fwd_bwd_us, cross_entropy_fwd_bwd_us) against
 # bench/torch_nn_bench.py: PyTorch with one thread where it is installed, else numpy.
-# Also the floor of the small-op path (bench/floor) beside candle-core's add10.
+# Also the floor of the small-op path (bench/floor) beside candle-core's add10, and the
+# digits models (examples/digits) beside bench/digits_torch.py where PyTorch is installed.
 # Python: $PYTHON (default python3), e.g. PYTHON=../torch-env/bin/python for a venv
 # with numpy and PyTorch. Progress goes to stderr; the figures to stdout.
 # Usage: [PYTHON=...] bench/compare.sh [--quick]
@@ -17,12 +18,14 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 T=${CARGO_TARGET_DIR:-target}
 say() { echo ">> $*" >&2; }
-say "building ndscope's bench (release; a first build takes minutes)"
-cargo build --release --example bench >/dev/null 2>&1
+say "building ndscope's bench and digits examples (release; a first build takes minutes)"
+cargo build --release --example bench --example digits >/dev/null 2>&1
 say "building the candle-core peer (bench/candle; a first build fetches and compiles candle)"
-cargo build --release --manifest-path bench/candle/Cargo.toml >/dev/null 2>&1
+# Each peer builds into its own target folder, so the paths below hold whatever
+# CARGO_TARGET_DIR says.
+cargo build --release --manifest-path bench/candle/Cargo.toml --target-dir bench/candle/target >/dev/null 2>&1
 say "building the floor (bench/floor)"
-cargo build --release --manifest-path bench/floor/Cargo.toml >/dev/null 2>&1
+cargo build --release --manifest-path bench/floor/Cargo.toml --target-dir bench/floor/target >/dev/null 2>&1
 say "running ndscope"
 nd=$("$T"/release/examples/bench --json "$@")
 # candle hands even tiny matmuls to rayon when it has several threads, which makes
@@ -81,6 +84,23 @@ for key in [k for k in tn if k in nd and k != "impl" and k != "threads"]:
     r = "-" if a is None or not b else f"{a / b:.2f}x"
     print(f"{key:42} {a if a is not None else '-':>10} {b if b is not None else '-':>10} {r:>10}")
 PY
+# The digits models (examples/digits) beside PyTorch's same models, where installed.
+if "$PY" -c 'import torch' 2>/dev/null; then
+  for m in mlp cnn; do
+    say "running the digits $m (ndscope, then PyTorch)"
+    dn=$("$T"/release/examples/digits --model "$m" --json)
+    dt=$("$PY" bench/digits_torch.py --model "$m" | tail -1)
+    "$PY" - "$m" "$dn" "$dt" <<'PY'
+import json, sys
+m, dn, dt = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+a, b = dn["us_per_step"], dt["us_per_step"]
+print(f"{'digits ' + m + ' us_per_step':42} {a:>10.1f} {'pytorch':>10} {b:>10.1f} {a / b:>9.2f}x"
+      f"   (accuracy {dn['test_accuracy']} against {dt['test_accuracy']})")
+PY
+  done
+else
+  echo "PyTorch is not importable by $PY: the digits models were not measured beside it"
+fi
 # The 2048³ matmul again with the optional `openblas` feature (large f32/f64 products
 # through the system OpenBLAS), where that library links.
 if echo 'int main(void){return 0;}' | gcc -x c - -lopenblas -o /dev/null 2>/dev/null; then
