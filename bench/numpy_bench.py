@@ -77,6 +77,7 @@ def main():
         "matmul2048_ms": round(mm, 2),
         "matmul2048_GFLOPs": round(2 * k**3 / (mm * 1e6), 1),
         "sum16M_ms": round(sum16, 3),
+        "sum16M_GBps": round(4 * n / (sum16 * 1e6), 2),
         "add_col_bias_us": round(col_bias, 2),
         "transposed_scale_us": round(t_scale, 1),
         "transposed_add_us": round(t_add, 1),

@@ -53,6 +53,12 @@
 //! digits CNN (10 steps); `gpu_conv2d_fwd_bwd_us` is `conv2d_fwd_bwd_us` on the device,
 //! with a `synchronize` in each repeat. Without a GPU they are `null`.
 //!
+//! `add16M_GBps` counts 3 x 64 MiB moved by `add16M`, `sum16M_GBps` 64 MiB read by
+//! `sum16M`; `plain_add16M_GBps` and `plain_sum16M_GBps` (workload `plain16M`) time
+//! plain Rust loops over the same sizes, split across as many scoped threads as
+//! ndscope's kernel pool has, into an output already written once: the machine's
+//! memory bandwidth as a plain program sees it, the bar for the two ndscope rows.
+//!
 //! Memory, after every workload: `peak_rss_mb` is the process's peak resident set
 //! (`VmHWM`); `peak_live_mb` the peak of the bytes held by live arrays
 //! (`memory().peak_bytes`, each buffer counted at its pool size class); `cached_mb` the
@@ -86,6 +92,43 @@ fn median_ns(repeats: usize, iters: usize, mut f: impl FnMut()) -> f64 {
         })
         .collect();
     median(v)
+}
+
+/// `out = a + b` by a plain loop, `part` elements per scoped thread: the machine's
+/// bandwidth bar for `add16M`.
+fn plain_add(out: &mut [f32], a: &[f32], b: &[f32], part: usize) {
+    std::thread::scope(|s| {
+        for ((o, x), y) in out.chunks_mut(part).zip(a.chunks(part)).zip(b.chunks(part)) {
+            s.spawn(move || {
+                for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                    *o = x + y;
+                }
+            });
+        }
+    });
+}
+
+/// The sum of `a` by a plain loop (16 independent lanes, so it vectorises), `part`
+/// elements per scoped thread: the machine's bandwidth bar for `sum16M`.
+fn plain_sum(a: &[f32], part: usize) -> f32 {
+    std::thread::scope(|s| {
+        let parts: Vec<_> = a
+            .chunks(part)
+            .map(|c| {
+                s.spawn(move || {
+                    let mut lanes = [0f32; 16];
+                    let mut it = c.chunks_exact(16);
+                    for ch in &mut it {
+                        for (l, &v) in lanes.iter_mut().zip(ch) {
+                            *l += v;
+                        }
+                    }
+                    lanes.iter().sum::<f32>() + it.remainder().iter().sum::<f32>()
+                })
+            })
+            .collect();
+        parts.into_iter().map(|h| h.join().unwrap()).sum()
+    })
 }
 
 /// The median of `v` (not empty).
@@ -506,6 +549,31 @@ fn main() {
     });
     let add16m_gbps = add16m_ms.map(|ms| (3 * 4 * n) as f64 / (ms * 1e6));
 
+    // The machine's bar for the two rows above: plain Rust loops over the same sizes,
+    // split across as many threads as ndscope's kernels use, into a warm output.
+    let plain = run("plain16M");
+    let (pa, pb) = if plain {
+        (
+            (0..n).map(|i| i as f32).collect::<Vec<f32>>(),
+            vec![1.5f32; n],
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let mut pout = vec![0f32; pa.len()];
+    let plain_threads = rayon::current_num_threads();
+    let part = pa.len().div_ceil(plain_threads).max(1);
+    let plain_add16m_gbps = maybe("plain16M", &mut || {
+        let ms = median_ns(r, 10, || plain_add(&mut pout, &pa, &pb, part)) / 1e6;
+        (3 * 4 * n) as f64 / (ms * 1e6)
+    });
+    let plain_sum16m_gbps = maybe("plain16M", &mut || {
+        let ms = median_ns(r, 20, || {
+            black_box(plain_sum(&pa, part));
+        }) / 1e6;
+        (4 * n) as f64 / (ms * 1e6)
+    });
+
     // A column plus a broadcast scalar (`x.matmul(w) + b` with a [n,1] product).
     let col_n = if quick { 1000 } else { 100_000 };
     let col_n = if run("add_col_bias") { col_n } else { 1 };
@@ -644,6 +712,13 @@ fn main() {
             2,
             "GB/s",
         ),
+        (
+            "plain_add16M_GBps",
+            "plain loop: add 16M f32",
+            plain_add16m_gbps,
+            2,
+            "GB/s",
+        ),
         ("matmul2048_ms", "matmul 2048^3 f32", matmul2048_ms, 2, "ms"),
         (
             "matmul2048_GFLOPs",
@@ -653,6 +728,20 @@ fn main() {
             "GFLOP/s",
         ),
         ("sum16M_ms", "sum 16M f32", sum16m_ms, 3, "ms"),
+        (
+            "sum16M_GBps",
+            "sum 16M f32, bandwidth",
+            sum16m_ms.map(|ms| (4 * n) as f64 / (ms * 1e6)),
+            2,
+            "GB/s",
+        ),
+        (
+            "plain_sum16M_GBps",
+            "plain loop: sum 16M f32",
+            plain_sum16m_gbps,
+            2,
+            "GB/s",
+        ),
         ("linreg_step_us", "linreg step (manual)", linreg_us, 3, "us"),
         (
             "linreg_autograd_step_us",
