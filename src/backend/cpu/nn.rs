@@ -122,41 +122,39 @@ pub(crate) fn select<T: Native>(
                 // (a scalar such as a masked gradient's zero): no index arithmetic.
                 let conds = || dc[oc..oc + len].iter().map(|&k| k != 0);
                 let (xs, ys) = (&dx[ox..], &dy[oy..]);
-                let row = widest(
+                widest(
                     #[inline(always)]
                     || match (s[1], s[2], s[3]) {
                         (1, 1, 1) => pick(dst, conds(), xs[..len].iter(), ys[..len].iter()),
                         (1, 1, 0) => pick(dst, conds(), xs[..len].iter(), repeat(&ys[0])),
                         (1, 0, 1) => pick(dst, conds(), repeat(&xs[0]), ys[..len].iter()),
                         (1, 0, 0) => pick(dst, conds(), repeat(&xs[0]), repeat(&ys[0])),
-                        _ => false,
+                        _ => {
+                            for (i, o) in dst.iter_mut().enumerate() {
+                                let i = i as isize;
+                                let at = |k: usize| (off[k] + i * s[k]) as usize;
+                                *o = if dc[at(1)] != 0 { dx[at(2)] } else { dy[at(3)] };
+                            }
+                        }
                     },
                 );
-                if !row {
-                    for (i, o) in dst.iter_mut().enumerate() {
-                        let i = i as isize;
-                        let at = |k: usize| (off[k] + i * s[k]) as usize;
-                        *o = if dc[at(1)] != 0 { dx[at(2)] } else { dy[at(3)] };
-                    }
-                }
             },
         );
     })
 }
 
 /// `dst[i] = if cond[i] { x[i] } else { y[i] }` over one row, without a branch
-/// ([`Native::pick`]); `true`: done.
+/// ([`Native::pick`]).
 #[inline(always)]
 fn pick<'a, T: Native>(
     dst: &mut [T],
     cond: impl Iterator<Item = bool>,
     x: impl Iterator<Item = &'a T>,
     y: impl Iterator<Item = &'a T>,
-) -> bool {
+) {
     for (o, ((k, &p), &q)) in dst.iter_mut().zip(cond.zip(x).zip(y)) {
         *o = T::pick(k, p, q);
     }
-    true
 }
 
 /// A new buffer holding `v` converted to `T`.
