@@ -250,11 +250,13 @@ fn block_sum<T: Native>(x: &[T]) -> T {
     )
 }
 
+/// Accumulators of [`lanes_sum`].
+const LANES: usize = 32;
+
 /// 32 independent accumulators (several vector registers, so the adds pipeline),
-/// combined pairwise.
+/// combined pairwise by [`combine_lanes`].
 #[inline(always)]
 fn lanes_sum<T: Native>(x: &[T]) -> T {
-    const LANES: usize = 32;
     let mut lanes = [T::ZERO; LANES];
     let chunks = x.chunks_exact(LANES);
     let rest = chunks.remainder();
@@ -263,6 +265,17 @@ fn lanes_sum<T: Native>(x: &[T]) -> T {
             lanes[k] = lanes[k].add(c[k]);
         }
     }
+    combine_lanes(lanes, rest)
+}
+
+/// The pairwise combination of [`lanes_sum`]'s accumulators, then its remainder: out of
+/// line on purpose. Inlined, LLVM's SLP vectoriser paired the lanes up for this tree
+/// and then ran the main loop two floats to a register, with register shuffles and
+/// spills (0.7x a plain loop's bandwidth); apart, the loop keeps whole vector
+/// registers. Once per block, so the call costs nothing measurable; the bits are the
+/// same either way.
+#[inline(never)]
+fn combine_lanes<T: Native>(mut lanes: [T; LANES], rest: &[T]) -> T {
     let mut width = LANES;
     while width > 1 {
         width /= 2;

@@ -526,3 +526,53 @@ fn normalisations_split_across_threads_match_a_plain_loop() {
         close(&many.5, &dbeta, 1e-9, "dbeta");
     }
 }
+
+/// A contiguous row's sum is exactly the documented order, whatever vector unit ran
+/// it: blocks of at most 4,096 split in halves at multiples of 32, each block summed in
+/// 32 lanes (element `i` into lane `i % 32`), the lanes combined pairwise (lane `k`
+/// plus lane `k + w`, halving `w`), then the block's remainder added in order. Checked
+/// bit for bit against that order written as scalar code, on floats whose sum rounds
+/// (so another order would show), f32 and f64, on lengths around every boundary.
+#[test]
+fn contiguous_sums_follow_the_documented_pairwise_order() {
+    fn block<T: Native>(x: &[T]) -> T {
+        let mut lanes = [T::ZERO; 32];
+        let whole = x.len() - x.len() % 32;
+        for (i, &v) in x[..whole].iter().enumerate() {
+            lanes[i % 32] = lanes[i % 32].add(v);
+        }
+        let mut w = 32;
+        while w > 1 {
+            w /= 2;
+            for k in 0..w {
+                lanes[k] = lanes[k].add(lanes[k + w]);
+            }
+        }
+        let rest = x[whole..].iter().fold(T::ZERO, |s, &v| s.add(v));
+        lanes[0].add(rest)
+    }
+    fn reference<T: Native>(x: &[T]) -> T {
+        if x.len() <= 4096 {
+            return block(x);
+        }
+        let mid = (x.len() / 2).next_multiple_of(32);
+        reference(&x[..mid]).add(reference(&x[mid..]))
+    }
+    // Magnitudes spread over 12 decades: every add rounds.
+    let vals: Vec<f64> = (0..300_007u64)
+        .map(|i| {
+            let h = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11;
+            let u = h as f64 / (1u64 << 53) as f64;
+            (u - 0.3) * 10f64.powi((i % 12) as i32 - 6)
+        })
+        .collect();
+    let f32s: Vec<f32> = vals.iter().map(|&v| v as f32).collect();
+    for n in [
+        0, 1, 31, 32, 33, 95, 4095, 4096, 4097, 8193, 12_345, 100_003, 300_007,
+    ] {
+        let (a, b) = (sum_row(&vals[..n], 0, n, 1), reference(&vals[..n]));
+        assert_eq!(a.to_bits(), b.to_bits(), "f64, n = {n}: {a} != {b}");
+        let (a, b) = (sum_row(&f32s[..n], 0, n, 1), reference(&f32s[..n]));
+        assert_eq!(a.to_bits(), b.to_bits(), "f32, n = {n}: {a} != {b}");
+    }
+}
