@@ -53,6 +53,11 @@
 //! digits CNN (10 steps); `gpu_conv2d_fwd_bwd_us` is `conv2d_fwd_bwd_us` on the device,
 //! with a `synchronize` in each repeat. Without a GPU they are `null`.
 //!
+//! `scope_open_close_ns` opens an empty `NDScope` and drops it. `scope_escape_ns` runs
+//! `ndscope::scope(|| m.zeros([4], F32))` inside an open scope (the array escapes to
+//! it) and closes the returned array: a scope's open and close, one array made, one
+//! escape and one close.
+//!
 //! `add16M_GBps` counts 3 x 64 MiB moved by `add16M`, `sum16M_GBps` 64 MiB read by
 //! `sum16M`; `plain_add16M_GBps` and `plain_sum16M_GBps` (workload `plain16M`) time
 //! plain Rust loops over the same sizes, split across as many scoped threads as
@@ -363,6 +368,23 @@ fn main() {
         (None, None)
     };
 
+    // A scope's own cost: an empty scope opened and closed; and `scope(|| ..)` returning
+    // one [4] array (so it escapes to the enclosing scope, here an open one), the array
+    // then closed. The escape's own share is roughly `scope_escape_ns` minus
+    // `scope_open_close_ns` minus `no_scope_array_ns`.
+    let scope_open_close_ns = maybe("scope_open_close", &mut || {
+        median_ns(r, it(200_000), || {
+            black_box(NDScope::new());
+        })
+    });
+    let scope_escape_ns = maybe("scope_escape", &mut || {
+        let _outer = NDScope::new();
+        median_ns(r, it(200_000), || {
+            let a = ndscope::scope(|| m.zeros([4], DType::F32));
+            black_box(a).close();
+        })
+    });
+
     // What a poll of a `scope_async` future adds to the inner future's poll (entering
     // the task's scope and leaving it), for a future that creates nothing: a wrapped
     // and a bare always-pending future, polled alike.
@@ -655,6 +677,20 @@ fn main() {
         ),
         ("scope_array_ns", "array in scope", scoped_ns, 1, "ns"),
         ("no_scope_array_ns", "array closed", unscoped_ns, 1, "ns"),
+        (
+            "scope_open_close_ns",
+            "empty scope open + close",
+            scope_open_close_ns,
+            1,
+            "ns",
+        ),
+        (
+            "scope_escape_ns",
+            "scope returning a [4] array, closed",
+            scope_escape_ns,
+            1,
+            "ns",
+        ),
         (
             "scope_async_poll_ns",
             "scope_async poll overhead",
