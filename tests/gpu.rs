@@ -866,6 +866,31 @@ fn more_unary_math_and_gradients_match_the_cpu() {
         for (what, f) in f64_ops {
             same(what, d, &[&x64], 0.0, |a| f(a[0]));
         }
+        // round: ties to even, just past a tie (llvmpipe's own f64 round gave 0 for
+        // -0.5000000005 on an AVX2 CPU), beyond 2^52; a zero's sign is not compared.
+        let edge = [
+            0.5,
+            1.5,
+            2.5,
+            -0.5,
+            -1.5,
+            -2.5,
+            0.5000000005,
+            -0.5000000005,
+            2.4999999999,
+            -0.3,
+            0.3,
+            -0.0,
+            4503599627370497.0,
+            -9007199254740993.0,
+            1e300,
+        ];
+        let e64 = m.create(&edge[..], [edge.len()]);
+        let want: Vec<f64> = edge.iter().map(|v: &f64| v.round_ties_even()).collect();
+        let got = e64.to_device(d).round().to_vec::<f64>().unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g, w, "f64 round of {}: gpu {g}, cpu {w}", edge[i]);
+        }
         let e = x64.to_device(d).try_erf().unwrap_err();
         assert!(matches!(e, NdError::Unsupported { op: "erf", .. }), "{e}");
     }

@@ -84,8 +84,18 @@ fn forward_expr(op: Fn1, d: DType) -> Option<String> {
         Fn1::Rsqrt if float => format!("{t}(1) / sqrt(x)"),
         Fn1::Floor if float => "floor(x)".into(),
         Fn1::Ceil if float => "ceil(x)".into(),
-        // WGSL's round is to the nearest even on ties, as round_ties_even.
-        Fn1::Round if float => "round(x)".into(),
+        // Round half to even (as round_ties_even), through `floor`: `x - floor(x)` is
+        // exact, so the choice between `f` and `f + 1` is too. Not WGSL's `round`:
+        // Mesa's llvmpipe on an AVX2-only CPU rounded the f64 -0.5000000005 to 0.
+        // A zero result may come back as +0 where the CPU gives -0 (llvmpipe does not
+        // keep the sign of zeros, even through `x * 0`).
+        Fn1::Round if float => {
+            let (f, r) = ("floor(x)", "(x - floor(x))");
+            format!(
+                "select(select({f}, {f} + {t}(1), {r} > {t}(0.5)), \
+                 {f} + ({f} - {t}(2) * floor({f} * {t}(0.5))), {r} == {t}(0.5))"
+            )
+        }
         // NaN stays NaN; -0 and 0 give 0.
         Fn1::Sign if float => format!("select({sign}, x, {})", is_nan(d, "x")),
         Fn1::Floor | Fn1::Ceil | Fn1::Round if int || d == DType::U8 => "x".into(),
