@@ -15,8 +15,10 @@ stride 2, batch_norm in training (running statistics updated, gamma and beta [C]
 layer_norm over [C,H,W] (gamma and beta [C,H,W]), and conv2d_big: 64 filters 3x3,
 padding 1, bias. The numpy fallback prints none of these.
 
-Usage: python3 bench/torch_nn_bench.py [--quick] [--numpy]
-(`--numpy` forces the numpy version even where PyTorch is installed.)
+Usage: python3 bench/torch_nn_bench.py [--quick] [--numpy] [--only KEY[,KEY...]]
+(`--numpy` forces the numpy version even where PyTorch is installed; `--only` times
+just the named keys, e.g. `--only layernorm_big_fwd_bwd_us`, and prints null for the
+others.)
 """
 import json
 import sys
@@ -168,16 +170,20 @@ def main():
             impl = None
     if impl is None:
         impl, threads, conv, ce, layers = numpy_workloads(quick)
-    conv_us = median_ns(r, 2 if quick else 200, conv) / 1e3
-    ce_us = median_ns(r, 20 if quick else 20_000, ce) / 1e3
-    out = {
-        "impl": impl,
-        "threads": threads,
-        "conv2d_fwd_bwd_us": round(conv_us, 1),
-        "cross_entropy_fwd_bwd_us": round(ce_us, 3),
-    }
+    only = None
+    if "--only" in sys.argv:
+        only = set(sys.argv[sys.argv.index("--only") + 1].split(","))
+    wanted = lambda key: only is None or key in only
+    out = {"impl": impl, "threads": threads, "conv2d_fwd_bwd_us": None, "cross_entropy_fwd_bwd_us": None}
+    if wanted("conv2d_fwd_bwd_us"):
+        out["conv2d_fwd_bwd_us"] = round(median_ns(r, 2 if quick else 200, conv) / 1e3, 1)
+    if wanted("cross_entropy_fwd_bwd_us"):
+        out["cross_entropy_fwd_bwd_us"] = round(median_ns(r, 20 if quick else 20_000, ce) / 1e3, 3)
     for key, (f, iters) in layers.items():
-        out[key] = round(median_ns(r, max(1, iters // 1000) if quick else iters, f) / 1e3, 1)
+        if wanted(key):
+            out[key] = round(median_ns(r, max(1, iters // 1000) if quick else iters, f) / 1e3, 1)
+        else:
+            out[key] = None
     print(json.dumps(out))
 
 

@@ -774,7 +774,8 @@ fn run_inplace_inner(
         drop(ctx);
         wait_for_readers(&buf);
     };
-    let _locked = NoFork::new();
+    // No `NoFork`: a write holds the locks whatever its size (there is no unlocked
+    // path), so a large one splits across the kernel pool (see `cpu::fork`).
     let r = ctx.array(target)?;
     let tbuf = ctx.shr(target.shard).data_of(r);
     // Inputs sharing the target's buffer are copied out first so reads never alias
@@ -856,8 +857,10 @@ pub(crate) fn host_copy<R>(o: &Operand<'_>, f: impl FnOnce(&Operand<'_>) -> R) -
 
 #[cfg(test)]
 mod tests {
-    /// The engine computes an op, an in-place update and a read under its locks with
-    /// forking off, and turns it back on when it lets go.
+    /// The engine computes an op and a read under its locks with forking off, and
+    /// turns it back on when it lets go; an in-place update, which holds the locks
+    /// whatever its size, may fork from a thread outside any rayon pool, never from a
+    /// rayon worker.
     #[test]
     fn the_engine_holds_no_fork_while_it_computes_under_a_lock() {
         let m = crate::NDManager::new();
@@ -873,16 +876,26 @@ mod tests {
         })
         .unwrap();
         assert_eq!(seen, Some(false));
-        let mut seen = None;
-        super::run_inplace(a.id, &[], |_, _| {
-            seen = Some(crate::backend::cpu::may_fork());
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(seen, Some(false));
         // Outside the lock a kernel may fork again, where the kernel pool has two
         // threads or more (a one-thread pool never forks).
         let threads = crate::backend::cpu::fork_threads();
+        assert_eq!(crate::backend::cpu::may_fork(), threads > 1);
+        let inplace = || {
+            let mut seen = None;
+            super::run_inplace(a.id, &[], |_, _| {
+                seen = Some(crate::backend::cpu::may_fork());
+                Ok(())
+            })
+            .unwrap();
+            seen
+        };
+        assert_eq!(inplace(), Some(threads > 1));
+        let in_task = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap()
+            .install(inplace);
+        assert_eq!(in_task, Some(false));
         assert_eq!(crate::backend::cpu::may_fork(), threads > 1);
         let _ = b;
         m.close();

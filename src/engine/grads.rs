@@ -135,8 +135,9 @@ pub(crate) fn add_to_grads(
     {
         return false;
     }
+    // No `NoFork`: as any in-place write, a large gradient is added in across the
+    // kernel pool, under the lock (see `cpu::fork`).
     let ctx = Ctx::one(s);
-    let _locked = cpu::NoFork::new();
     let sh = ctx.shr(s);
     // Check everything before writing anything.
     let mut grads: smallvec::SmallVec<[Option<&records::ArrayRec>; 4]> = smallvec::SmallVec::new();

@@ -6,9 +6,11 @@
 //! memory: who may read or write it when is the engine's bookkeeping, kept beside it
 //! in the engine's `Storage` (see `engine/storage.rs`).
 
+use super::fork::{PARALLEL_ELEMS, fork, may_fork};
 use super::pool::{self, ALIGN};
 use crate::dtype::Native;
 use crate::error::{NdError, Result};
+use rayon::prelude::*;
 use std::ptr::NonNull;
 
 /// A type with the buffers' alignment, for the dangling pointer of empty buffers.
@@ -112,14 +114,20 @@ impl Buffer {
         }
     }
 
-    /// Set every byte of the block to zero.
+    /// Set every byte of the block to zero (split across the kernel pool when large).
     ///
     /// # Safety
     /// Exclusive access, as for [`Buffer::slice_mut`].
     pub(crate) unsafe fn fill_zero(&self) {
         // SAFETY: the block is `bytes` long and owned by `self`; the caller guarantees
-        // no other access while it is written.
-        unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), 0, self.bytes) }
+        // no other access while it is written, so this is the only slice of it.
+        let all = unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.bytes) };
+        const PART: usize = PARALLEL_ELEMS; // bytes per split: a quarter of an f32 split's
+        if all.len() >= 4 * PARALLEL_ELEMS && may_fork() {
+            fork(|| all.par_chunks_mut(PART).for_each(|c| c.fill(0)));
+        } else {
+            all.fill(0);
+        }
     }
 
     /// Address identity, used to detect aliasing between an in-place target and inputs.

@@ -247,7 +247,7 @@ fn binary_row<T: Copy, U>(
 pub(crate) fn assign_binary<'a, 'b, T: Native>(
     t: impl Into<StridedMut<'a, T>>,
     b: impl Into<Strided<'b, T>>,
-    f: impl Fn(T, T) -> T + Copy,
+    f: impl Fn(T, T) -> T + Sync + Send + Copy,
 ) {
     let StridedMut {
         data: dt,
@@ -258,12 +258,26 @@ pub(crate) fn assign_binary<'a, 'b, T: Native>(
         layout: lb,
     } = b.into();
     if lt.is_contiguous() && lb.shape == lt.shape && lb.is_contiguous() {
-        // The common case (`w -= g * lr`): two plain runs.
+        // The common case (`w -= g * lr`, a gradient added in): two plain runs, split
+        // across the kernel pool when large.
         let n = lt.size();
         if n > 0 {
             let t = &mut dt[lt.offset..lt.offset + n];
-            for (p, &q) in t.iter_mut().zip(&db[lb.offset..lb.offset + n]) {
-                *p = f(*p, q);
+            let b = &db[lb.offset..lb.offset + n];
+            let run = |t: &mut [T], b: &[T]| {
+                for (p, &q) in t.iter_mut().zip(b) {
+                    *p = f(*p, q);
+                }
+            };
+            if n >= PARALLEL_ELEMS && may_fork() {
+                let c = PARALLEL_ELEMS / 4;
+                fork(|| {
+                    t.par_chunks_mut(c)
+                        .zip(b.par_chunks(c))
+                        .for_each(|(t, b)| run(t, b))
+                });
+            } else {
+                run(t, b);
             }
         }
         return;
@@ -286,7 +300,7 @@ pub(crate) fn assign_binary<'a, 'b, T: Native>(
 /// In place: `t = f(t)`.
 pub(crate) fn assign_unary<'a, T: Native>(
     t: impl Into<StridedMut<'a, T>>,
-    f: impl Fn(T) -> T + Copy,
+    f: impl Fn(T) -> T + Sync + Send + Copy,
 ) {
     let StridedMut {
         data: dt,
@@ -295,9 +309,15 @@ pub(crate) fn assign_unary<'a, T: Native>(
     if lt.is_contiguous() {
         let n = lt.size();
         if n > 0 {
-            dt[lt.offset..lt.offset + n]
-                .iter_mut()
-                .for_each(|p| *p = f(*p));
+            let t = &mut dt[lt.offset..lt.offset + n];
+            if n >= PARALLEL_ELEMS && may_fork() {
+                fork(|| {
+                    t.par_chunks_mut(PARALLEL_ELEMS / 4)
+                        .for_each(|t| t.iter_mut().for_each(|p| *p = f(*p)))
+                });
+            } else {
+                t.iter_mut().for_each(|p| *p = f(*p));
+            }
         }
         return;
     }

@@ -13,28 +13,35 @@ pub(super) const PARALLEL_FLOPS: usize = 1 << 21;
 pub(super) const CONV_PARALLEL_FLOPS: usize = 1 << 24;
 
 // Large kernels split their work across ndscope's own rayon pool ([`fork`]), never
-// rayon's global pool, and only from a thread that holds no shard lock and is not a
-// rayon worker. A rayon worker that waits in a join runs other tasks of its pool
-// meanwhile (from its own queue, or stolen). Were kernels split on the pool that runs
-// user code (data-parallel training in `par_iter`), such a task could run in the middle
-// of the interrupted op, on the same thread: its ops would block on a shard lock that
-// the thread already holds, it would see that thread's open scopes and recording
-// collector, and an in-place write it made to an array the op reads with no lock held
-// would wait for the op, which waits for that worker (the stolen-writer deadlock). The
-// kernel pool runs nothing but kernel splits, which take no lock and wait for nothing
-// but each other. A thread outside any pool waits for `install` without running
-// anything else, so it may fork when it holds no lock. A rayon worker may not: waiting
-// for another pool, it would run its own pool's tasks meanwhile. Work under a lock is
-// small by design (`exec::OUTSIDE_LOCK_WORK`); the exceptions (a broadcast to a big
-// result, a mid-size matmul, an in-place update or a gradient sum of a big parameter)
-// run on the calling thread alone, as do all kernels called from inside rayon tasks.
+// rayon's global pool, and never from a rayon worker. A rayon worker that waits in a
+// join runs other tasks of its pool meanwhile (from its own queue, or stolen). Were
+// kernels split on the pool that runs user code (data-parallel training in `par_iter`),
+// such a task could run in the middle of the interrupted op, on the same thread: its
+// ops would block on a shard lock that the thread already holds, it would see that
+// thread's open scopes and recording collector, and an in-place write it made to an
+// array the op reads with no lock held would wait for the op, which waits for that
+// worker (the stolen-writer deadlock). The kernel pool runs nothing but kernel splits,
+// which take no lock and wait for nothing but each other. A thread outside any pool
+// waits for `install` without running anything else, so it may fork, even while it
+// holds shard locks: nothing that runs meanwhile can wait for them. A rayon worker may
+// not: waiting for another pool, it would run its own pool's tasks meanwhile.
+//
+// The engine takes [`NoFork`] where the work under its locks is small by design: an
+// op computes under the locks only below `exec::OUTSIDE_LOCK_WORK` input elements
+// (larger ones compute unlocked, where they may fork), and a read of an array's data
+// is the caller's own loop. The exceptions of that rule (a broadcast to a big result,
+// a mid-size matmul) stay on the calling thread. An in-place write has no unlocked
+// path, whatever its size (it must exclude every reader of the buffer), so the
+// in-place paths take no `NoFork`: a large update, a gradient zeroed or added into,
+// splits like any large kernel. Kernels called from inside rayon tasks run on the
+// calling thread alone.
 thread_local! {
     static LOCKED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
-/// Marks the calling thread as holding a shard lock (or running a kernel that must stay
-/// on it, see [`fork_if`]) while alive: kernels run meanwhile do not fork
-/// ([`may_fork`]). Take it right after locking and keep it until unlocking.
+/// Keeps the kernels the calling thread runs on it while alive ([`may_fork`] is false):
+/// taken by the engine where it computes small work under a lock (right after locking,
+/// kept until unlocking), and by [`fork_if`] for a kernel too small to split.
 pub(crate) struct NoFork(());
 
 impl NoFork {
@@ -52,8 +59,8 @@ impl Drop for NoFork {
     }
 }
 
-/// Whether a kernel may split its work across the kernel pool ([`fork`]): not while
-/// this thread holds a shard lock or runs a kernel kept on it (see [`NoFork`]); not
+/// Whether a kernel may split its work across the kernel pool ([`fork`]): not while a
+/// [`NoFork`] of this thread is alive; not
 /// when the pool has a single thread (handing the work to it and waiting would only add
 /// two thread switches); on a thread of the kernel pool itself, yes (a kernel run
 /// inside a [`fork`] splits its loops on the pool it is on, which runs nothing but

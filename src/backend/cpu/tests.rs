@@ -576,3 +576,73 @@ fn contiguous_sums_follow_the_documented_pairwise_order() {
         assert_eq!(a.to_bits(), b.to_bits(), "f32, n = {n}: {a} != {b}");
     }
 }
+
+/// The large in-place passes (`t = f(t, b)`, `t = f(t)`, zeroing a block) split across
+/// the kernel pool where they may, and write what a plain loop writes, every element
+/// and no other.
+#[test]
+fn large_in_place_passes_split_and_match_a_plain_loop() {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    let n = 4 * PARALLEL_ELEMS + 3; // not a multiple of a split's length
+    let b: Vec<f32> = (0..n).map(|i| (i % 97) as f32 * 0.5).collect();
+    let start: Vec<f32> = (0..n).map(|i| (i % 89) as f32 - 40.0).collect();
+    // One element past the view on either side, which no pass may touch.
+    let mut t = vec![7.0f32; n + 2];
+    t[1..=n].copy_from_slice(&start);
+    let l = Layout::contiguous(Shape::from(vec![n]));
+    let lt = layout(&[n], &[1], 1);
+    // Each pass: whether it ran on more than one thread, which it should where the
+    // kernel pool has two threads or more.
+    let split = |seen: Mutex<HashSet<std::thread::ThreadId>>| {
+        let threads = seen.into_inner().unwrap().len();
+        assert_eq!(
+            threads > 1,
+            fork_threads() > 1,
+            "{threads} threads ran a pass"
+        );
+    };
+    let seen = Mutex::new(HashSet::new());
+    let note = |s: &Mutex<HashSet<std::thread::ThreadId>>| {
+        s.lock().unwrap().insert(std::thread::current().id());
+    };
+    assign_binary::<f32>(
+        StridedMut {
+            data: &mut t,
+            layout: &lt,
+        },
+        Strided {
+            data: &b,
+            layout: &l,
+        },
+        |p, q| {
+            note(&seen);
+            p + 2.0 * q
+        },
+    );
+    split(seen);
+    let seen = Mutex::new(HashSet::new());
+    assign_unary::<f32>(
+        StridedMut {
+            data: &mut t,
+            layout: &lt,
+        },
+        |p| {
+            note(&seen);
+            p - 1.0
+        },
+    );
+    split(seen);
+    let want: Vec<f32> = start
+        .iter()
+        .zip(&b)
+        .map(|(p, q)| p + 2.0 * q - 1.0)
+        .collect();
+    assert_eq!(&t[1..=n], &want[..]);
+    assert_eq!((t[0], t[n + 1]), (7.0, 7.0));
+    // Zeroing a block: every byte, split or not.
+    let buf = new_filled::<f32>(n, |s| s.fill(1.5)).unwrap();
+    // SAFETY: `buf` is fresh and no slice of it is alive.
+    unsafe { buf.fill_zero() };
+    assert!(read::<f32>(&buf).iter().all(|v| v.to_bits() == 0));
+}
