@@ -122,7 +122,7 @@ impl Buffer {
         // SAFETY: the block is `bytes` long and owned by `self`; the caller guarantees
         // no other access while it is written, so this is the only slice of it.
         let all = unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.bytes) };
-        const PART: usize = PARALLEL_ELEMS; // bytes per split: a quarter of an f32 split's
+        const PART: usize = PARALLEL_ELEMS; // bytes per split, as many as an f32 split's
         if all.len() >= 4 * PARALLEL_ELEMS && may_fork() {
             fork(|| all.par_chunks_mut(PART).for_each(|c| c.fill(0)));
         } else {
