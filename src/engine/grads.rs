@@ -398,7 +398,30 @@ pub(crate) fn unhold(id: ArrayId) {
 
 #[cfg(test)]
 mod tests {
-    use crate::{GradientCollector, NDManager};
+    use crate::{DType, GradientCollector, NDManager};
+
+    /// A large gradient is zeroed (by a new collector) and added into (by backward's
+    /// last step, [`super::add_to_grads`]) with its kernel split across the kernel
+    /// pool, under the lock: in-place writes take no `NoFork` (see `cpu::fork`).
+    #[test]
+    fn a_large_gradient_is_zeroed_and_added_into_on_the_kernel_pool() {
+        use crate::backend::cpu::{fork_threads, forks_handed_over};
+        let m = NDManager::new();
+        let n = 1 << 19;
+        let p = m.zeros([n], DType::F32).set_requires_gradient(true);
+        let v = m.full([n], 2.0, DType::F32);
+        let splits = fork_threads() > 1;
+        let before = forks_handed_over();
+        let gc = GradientCollector::new();
+        assert_eq!(forks_handed_over() > before, splits, "zeroing");
+        let before = forks_handed_over();
+        assert!(super::add_to_grads(&[p.id], &[Some((v.id, false))], &[0.5]));
+        assert_eq!(forks_handed_over() > before, splits, "adding in");
+        let g = p.gradient().to_vec::<f32>().unwrap();
+        assert!(g.iter().all(|&e| e == 1.0));
+        drop(gc);
+        m.close();
+    }
 
     /// Issue 10, point 5 (collectors on two threads never interfere) when a thread
     /// adopts the shard of one that exited: thread A makes a parameter and exits, this

@@ -39,6 +39,18 @@ thread_local! {
     static LOCKED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
+#[cfg(test)]
+thread_local! {
+    static HANDED_OVER: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many forks this thread has handed to the kernel pool so far (tests only: which
+/// engine paths split their kernels).
+#[cfg(test)]
+pub(crate) fn forks_handed_over() -> u64 {
+    HANDED_OVER.with(|c| c.get())
+}
+
 /// Keeps the kernels the calling thread runs on it while alive ([`may_fork`] is false):
 /// taken by the engine where it computes small work under a lock (right after locking,
 /// kept until unlocking), and by [`fork_if`] for a kernel too small to split.
@@ -100,6 +112,8 @@ pub(crate) fn fork<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if pool.current_thread_index().is_some() {
         return f();
     }
+    #[cfg(test)]
+    HANDED_OVER.with(|c| c.set(c.get() + 1));
     pool.install(f)
 }
 

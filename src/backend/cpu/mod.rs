@@ -50,6 +50,8 @@ pub(crate) use buffer::{Buffer, new_filled, new_overwritten};
 pub(crate) use elementwise::{assign_binary, assign_unary, map_binary, map_unary, to_vec};
 #[cfg(test)]
 pub(crate) use fork::fork_threads;
+#[cfg(test)]
+pub(crate) use fork::forks_handed_over;
 pub(crate) use fork::{NoFork, fork, may_fork};
 pub(crate) use matmul::matmul_2d;
 pub(crate) use reduce::{Accs, prefers_outer, reduce, reduce_outer, sum_row};
