@@ -366,6 +366,7 @@ fn tiny_and_gemm_products_agree_with_a_reference() {
 /// transposed view; and give the same bits on one thread as on the kernel pool.
 #[test]
 fn normalisations_split_across_threads_match_a_plain_loop() {
+    use super::buffer::with_scratch;
     use super::norm::{Affine, SumInto, normalize_grad_kernel, normalize_kernel};
     let d = [8usize, 8, 64, 64];
     let n: usize = d.iter().product();
@@ -481,6 +482,9 @@ fn normalisations_split_across_threads_match_a_plain_loop() {
                 data: &g,
                 layout: &gl,
             };
+            // Old values in the pool where layer_norm's gamma and beta accumulators
+            // (4 parts) will be taken from: each part must zero what it adds into.
+            with_scratch::<f64, _>(4 * 2 * psize, |s| s.fill(f64::NAN)).unwrap();
             let gr =
                 normalize_grad_kernel::<f32>(x, gs, &red, &gm, (&mu, &rs), true, sums).unwrap();
             (
@@ -647,4 +651,65 @@ fn large_in_place_passes_split_and_match_a_plain_loop() {
     // SAFETY: `buf` is fresh and no slice of it is alive.
     unsafe { buf.fill_zero() };
     assert!(read::<f32>(&buf).iter().all(|v| v.to_bits() == 0));
+}
+
+/// `layer_norm`'s gamma may vary along a kept axis too (gamma `[C,H,W]` normalising
+/// `[H,W]` of `[N,C,H,W]`): then each part of the gradient's phase 1 reaches only its
+/// own groups' cells of gamma's accumulators, and the cells it never reaches must
+/// still read 0, even in scratch the buffer pool hands back holding old values.
+#[test]
+fn a_gamma_along_a_kept_axis_sums_right_from_reused_scratch() {
+    use super::buffer::with_scratch;
+    use super::norm::{Affine, SumInto, normalize_grad_kernel};
+    let d = [1usize, 8, 128, 128];
+    let n: usize = d.iter().product();
+    let val = |i: usize, s: f32| ((i * 37 % 101) as f32 / 50.0 - 1.0) * s + (i % 7) as f32;
+    let data: Vec<f32> = (0..n).map(|i| val(i, 3.0)).collect();
+    let g: Vec<f32> = (0..n).map(|i| val(i * 13, 1.0)).collect();
+    let gamma: Vec<f32> = (0..n).map(|i| val(i * 5, 0.5) - 2.0).collect();
+    let l = Layout::contiguous(Shape::from(d.to_vec()));
+    let pl = Layout::contiguous(Shape::from(d[1..].to_vec()));
+    let red = [false, false, true, true];
+    // Per group (a channel): the mean and rstd the forward pass would have saved.
+    let m = 128 * 128;
+    let (mut mean, mut rstd) = (vec![0.0f64; 8], vec![0.0f64; 8]);
+    for c in 0..8 {
+        let xs = &data[c * m..(c + 1) * m];
+        let mu = xs.iter().map(|&v| v as f64).sum::<f64>() / m as f64;
+        let var = xs.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / m as f64;
+        (mean[c], rstd[c]) = (mu, 1.0 / (var + 1e-5).sqrt());
+    }
+    // With one sample, gamma's gradient is `g * xhat` and beta's is `g`, element-wise.
+    let want_dgamma: Vec<f64> = (0..n)
+        .map(|i| g[i] as f64 * (data[i] as f64 - mean[i / m]) * rstd[i / m])
+        .collect();
+    let into = pl.broadcast_strides(&l.shape);
+    // Old values in the pool, of the accumulators' size (2 parts × gamma's and beta's).
+    with_scratch::<f64, _>(2 * 2 * n, |s| s.fill(f64::NAN)).unwrap();
+    let p = Strided {
+        data: &gamma,
+        layout: &pl,
+    };
+    let gm = Affine::of(p, &l.shape, false);
+    let x = Strided {
+        data: &data,
+        layout: &l,
+    };
+    let gs = Strided {
+        data: &g,
+        layout: &l,
+    };
+    let sums = [n, n].map(|size| SumInto {
+        strides: &into,
+        size,
+    });
+    let got = normalize_grad_kernel::<f32>(x, gs, &red, &gm, (&mean, &rstd), true, sums).unwrap();
+    for i in 0..n {
+        let (a, b) = (got.dgamma[i], want_dgamma[i]);
+        assert!(
+            (a - b).abs() <= 1e-9 * (1.0 + b.abs()),
+            "dgamma[{i}]: {a} vs {b}"
+        );
+        assert_eq!(got.dbeta[i], g[i] as f64, "dbeta[{i}]");
+    }
 }
