@@ -626,13 +626,17 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
     // The parts' element-by-element accumulators (gamma's, then beta's, per part) are
     // scratch from the buffer pool: no fresh pages to fault in at every call. Each box
     // zeroes the cells its groups add into before they do; where a parameter also
-    // varies along a kept axis, a part's groups need not reach every cell, so the
-    // whole scratch is zeroed first.
+    // varies along a kept axis (or `x` is empty), a part's groups need not reach every
+    // cell, so the whole scratch is zeroed first.
     let (gn, bn) = match per_element {
         true => (sg_into.size, sb_into.size),
         false => (0, 0),
     };
-    let reaches_all = (0..red.len()).all(|d| red[d] || (strides[3][d] == 0 && strides[4][d] == 0));
+    // Whether every part's groups reach every cell: none moves along a kept axis, and
+    // `x` has elements (an empty `x` reaches no cell, and its parameters' gradients
+    // are zeros).
+    let reaches_all = l.size() > 0
+        && (0..red.len()).all(|d| red[d] || (strides[3][d] == 0 && strides[4][d] == 0));
     let mut dgamma = vec![0.0; sg_into.size];
     let mut dbeta = vec![0.0; sb_into.size];
     let partial = with_scratch::<f64, _>(parts * (gn + bn), |acc| {
