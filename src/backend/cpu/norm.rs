@@ -622,7 +622,7 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
     // while the part's groups add into them (walked group by group, a part's
     // accumulators, 1 MB for a [64,32,32] gamma and beta in f64, came back from the L3
     // cache for every group, and all of them were zeroed first: `layernorm_big` took
-    // 3-8% longer).
+    // 3-9% longer).
     // The parts' element-by-element accumulators (gamma's, then beta's, per part) are
     // scratch from the buffer pool: no fresh pages to fault in at every call. Each box
     // zeroes the cells its groups add into before they do; where a parameter also
