@@ -2240,3 +2240,62 @@ fn checkpoints_round_trip_model_and_optimizer_exactly() {
     std::fs::remove_dir_all(&dir).unwrap();
     m.close();
 }
+
+/// `sum`'s all-ones gradient reaches layer_norm's and batch_norm's backward kernels as a
+/// stride-0 view of one element (no array of ones is filled), and gives the same bits
+/// as the same gradient read from a filled array of ones.
+#[test]
+fn a_norm_reads_sums_ones_through_a_view_with_the_same_bits() {
+    let m = NDManager::new();
+    let (n, c, h, w) = (4, 8, 16, 16); // 8,192 elements: past the view's threshold
+    let x = m.random_normal(0.0, 1.0, [n, c, h, w], DType::F32);
+    let ones = m.ones([n, c, h, w], DType::F32);
+    let (gl, bl) = (
+        m.random_normal(1.0, 0.5, [c, h, w], DType::F32),
+        m.random_normal(0.0, 0.5, [c, h, w], DType::F32),
+    );
+    let (gb, bb) = (
+        m.random_normal(1.0, 0.5, [c], DType::F32),
+        m.random_normal(0.0, 0.5, [c], DType::F32),
+    );
+    let (rm, rv) = (m.zeros([c], DType::F32), m.ones([c], DType::F32));
+    let layer = |x: NDArray| x.layer_norm(&[1, 2, 3], Some(gl), Some(bl), 1e-5);
+    let batch = |x: NDArray| x.batch_norm(rm, rv, Some(gb), Some(bb), true, 0.1, 1e-5);
+    for (norm, params) in [
+        (&layer as &dyn Fn(NDArray) -> NDArray, [gl, bl]),
+        (&batch, [gb, bb]),
+    ] {
+        for p in [x, params[0], params[1]] {
+            p.set_requires_gradient(true);
+        }
+        // The gradients with `g` a filled array of ones (`ones * 1` recorded: its
+        // gradient, `1 * ones`, is an array), then with `sum`'s own ones.
+        let grads = |explicit: bool| {
+            let _s = NDScope::new();
+            let gc = GradientCollector::new();
+            let y = norm(x);
+            let loss = if explicit { (y * ones).sum() } else { y.sum() };
+            let ((), p) = ndscope::profile(|| gc.backward(loss).unwrap());
+            let got: Vec<Vec<f32>> = [x, params[0], params[1]]
+                .iter()
+                .map(|p| p.gradient().to_vec::<f32>().unwrap())
+                .collect();
+            (got, p.ops)
+        };
+        let (want, _) = grads(true);
+        let (got, ops) = grads(false);
+        assert_eq!(got, want, "gradients through the view");
+        let filled: Vec<_> = ops
+            .iter()
+            .filter(|o| o.output_shape == x.shape() && o.bytes_added > 0)
+            .map(|o| o.name)
+            .collect();
+        // The one new array of x's shape the backward makes is the kernel's dx.
+        assert_eq!(filled.len(), 1, "arrays of x's shape made: {filled:?}");
+        assert!(ops.iter().any(|o| o.name == "broadcast_view"));
+        for p in [x, params[0], params[1]] {
+            p.set_requires_gradient(false);
+        }
+    }
+    m.close();
+}

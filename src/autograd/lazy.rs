@@ -34,6 +34,11 @@ pub(crate) enum Base {
     Unreduced(NDArray, Shape),
 }
 
+/// From this many elements [`LazyGrad::strided_array`] makes all ones on the CPU as a
+/// stride-0 view of one element (below, an array: a small fill costs less than the
+/// view's op; the GPU's kernels read contiguous gradients).
+const ONES_VIEW_FROM: usize = 4096;
+
 /// Where [`LazyGrad::array`] creates the arrays of [`Base::Ones`]: beside the loss (its
 /// manager and device), in its dtype.
 pub(crate) struct Env {
@@ -60,6 +65,31 @@ impl LazyGrad {
         LazyGrad {
             scale: self.scale * s,
             ..self
+        }
+    }
+
+    /// [`LazyGrad::array`] for a rule whose kernel reads its gradient through the
+    /// gradient's strides (the normalisations): a large multiple of all ones on the CPU
+    /// is a stride-0 view of one element (PyTorch's `expand`), so no pass writes, and
+    /// the kernel reads, no array of ones. Kernels that want a contiguous gradient
+    /// (conv2d's gather, the pooling scatter) take [`LazyGrad::array`]: through a view
+    /// they measured slower than a filled array.
+    pub(crate) fn strided_array(self, env: &Env) -> Result<NDArray> {
+        match &self.base {
+            Base::Ones(shape)
+                if shape.size() >= ONES_VIEW_FROM
+                    && crate::engine::device_of(env.loss.id)? == crate::Device::Cpu =>
+            {
+                let at = std::panic::Location::caller();
+                let one =
+                    crate::engine::full_beside(env.loss.id, ().into(), self.scale, env.dtype, at)?;
+                // The view keeps the element's buffer; the scalar array itself is
+                // closed whether or not the view was made.
+                let view = crate::engine::broadcast_view(one, shape.clone(), at);
+                crate::engine::close_array(one, at);
+                Ok(NDArray { id: view? })
+            }
+            _ => self.array(env),
         }
     }
 

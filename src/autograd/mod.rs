@@ -180,6 +180,16 @@ pub(crate) fn via_arrays<B: Backward + ?Sized>(
     g: LazyGrad,
 ) -> Result<LazyGrads> {
     let g = g.array(cx.env)?;
+    with_array(rule, cx, g)
+}
+
+/// [`via_arrays`] once `g` is an array: the rule's gradients, each to be summed over
+/// its input's broadcast axes.
+pub(crate) fn with_array<B: Backward + ?Sized>(
+    rule: &B,
+    cx: &BackwardCtx<'_>,
+    g: NDArray,
+) -> Result<LazyGrads> {
     let gs = rule.backward(cx, g)?;
     let mut r = nones(cx.ids.len());
     for (i, gi) in gs.into_iter().enumerate().take(cx.ids.len()) {

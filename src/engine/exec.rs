@@ -704,6 +704,23 @@ pub(crate) fn full_beside(
     })
 }
 
+/// A view of the one element of `one` (an array of shape `[]`) as an array of
+/// `shape`: every stride 0, so nothing is written or copied (PyTorch's `expand`).
+pub(crate) fn broadcast_view(one: ArrayId, shape: Shape, at: SourceLocation) -> Result<ArrayId> {
+    run_op_on("broadcast_view", &[one], at, |o| {
+        debug_assert_eq!(o[0].layout.shape.size(), 1, "a view of one element");
+        let strides = shape.dims().iter().map(|_| 0).collect();
+        Ok(Output::View {
+            of: 0,
+            layout: Layout {
+                shape,
+                strides,
+                offset: o[0].layout.offset,
+            },
+        })
+    })
+}
+
 /// Run an in-place op writing `target`, reading `inputs`, with a CPU kernel: a target
 /// or an input on another device is `Unsupported` (or a `DeviceMismatch`).
 pub(crate) fn run_inplace(

@@ -76,8 +76,8 @@ pub(crate) use devices::{device_of, gpu_arrays, move_data};
 #[cfg(feature = "gpu")]
 pub(crate) use exec::create_stored;
 pub(crate) use exec::{
-    Operand, OperandMut, Output, create, full_beside, host_copy, materialize, read, run_inplace,
-    run_inplace_on, run_op, run_op_on, unsupported,
+    Operand, OperandMut, Output, broadcast_view, create, full_beside, host_copy, materialize, read,
+    run_inplace, run_inplace_on, run_op, run_op_on, unsupported,
 };
 pub(crate) use grads::{
     TapeInfo, add_into, add_to_grads, drop_grad, grad, hold_all, install_grad, is_mine, is_param,

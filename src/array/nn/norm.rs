@@ -4,7 +4,7 @@
 use super::{Saved, float_operands};
 use crate::array::NDArray;
 use crate::array::reduce::{normalize_axes, reduced_shape};
-use crate::autograd::{self, Backward, BackwardCtx, Grads};
+use crate::autograd::{self, Backward, BackwardCtx, Grads, LazyGrad, LazyGrads};
 use crate::backend::cpu;
 use crate::backend::cpu::nn::buffer_of;
 use crate::backend::cpu::norm::{
@@ -50,6 +50,12 @@ impl Backward for NormRule {
         let mut v = self.mean.ids();
         v.extend(self.rstd.ids());
         v
+    }
+    /// The kernels read `g` through its strides, so `sum`'s all-ones gradient comes as
+    /// a stride-0 view ([`LazyGrad::strided_array`]), not a filled array.
+    fn backward_lazy(&self, cx: &BackwardCtx<'_>, g: LazyGrad) -> Result<LazyGrads> {
+        let g = g.strided_array(cx.env)?;
+        autograd::with_array(self, cx, g)
     }
     fn backward(&self, cx: &BackwardCtx<'_>, g: NDArray) -> Result<Grads> {
         let (x, mean, rstd) = (
