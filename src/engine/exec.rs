@@ -704,18 +704,19 @@ pub(crate) fn full_beside(
     })
 }
 
-/// A view of the one element of `one` (an array of shape `[]`) as an array of
-/// `shape`: every stride 0, so nothing is written or copied (PyTorch's `expand`).
+/// A view of `one` (an array of shape `[]`: all its strides become 0) as an array of
+/// `shape`, through [`Layout::broadcast_strides`]: nothing is written or copied
+/// (PyTorch's `expand`).
 pub(crate) fn broadcast_view(one: ArrayId, shape: Shape, at: SourceLocation) -> Result<ArrayId> {
     run_op_on("broadcast_view", &[one], at, |o| {
-        debug_assert_eq!(o[0].layout.shape.size(), 1, "a view of one element");
-        let strides = shape.dims().iter().map(|_| 0).collect();
+        let l = &o[0].layout;
+        debug_assert_eq!(l.shape.ndim(), 0, "a view of a 0-d array");
         Ok(Output::View {
             of: 0,
             layout: Layout {
+                strides: l.broadcast_strides(&shape),
                 shape,
-                strides,
-                offset: o[0].layout.offset,
+                offset: l.offset,
             },
         })
     })
