@@ -55,6 +55,11 @@ impl NDScope {
         }
     }
 
+    /// The engine's id of this scope.
+    pub(crate) fn id(&self) -> ScopeId {
+        self.id
+    }
+
     twins! {
         /// Move `array` from this scope to the enclosing scope (or out of every scope when
         /// this is the outermost). Arrays not registered in this scope are left alone.

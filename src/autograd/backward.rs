@@ -11,17 +11,24 @@ use smallvec::SmallVec;
 
 /// Run backward over `tape`'s nodes from `loss`, adding into the parameters'
 /// gradients. The gradient of a node's output is kept in its slot (the node's index)
-/// and a parameter's in its leaf slot, so no map is built.
-pub(super) fn run(tape: &mut Tape, loss: NDArray) -> Result<()> {
+/// and a parameter's in its leaf slot, so no map is built. `scope` is the scope
+/// backward runs in, closed when this returns: a parameter's zeroed gradient may take
+/// over the buffer of a value dying with it (see `engine::add_to_grads`).
+pub(super) fn run(tape: &mut Tape, loss: NDArray, scope: engine::ScopeId) -> Result<()> {
     let mut slots = std::mem::take(&mut tape.slots);
-    let r = run_in(tape, loss, &mut slots);
+    let r = run_in(tape, loss, &mut slots, scope);
     slots.clear();
     tape.slots = slots;
     r
 }
 
 /// [`run`] with `slots` (empty) as the scratch for the gradients.
-fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<LazyGrad>>) -> Result<()> {
+fn run_in(
+    tape: &Tape,
+    loss: NDArray,
+    slots: &mut Vec<Option<LazyGrad>>,
+    scope: engine::ScopeId,
+) -> Result<()> {
     let nodes = &tape.nodes;
     let (shape, dtype, loss_is_param) = engine::loss_info(loss.id)?;
     let env = Env { loss, dtype };
@@ -94,7 +101,7 @@ fn run_in(tape: &Tape, loss: NDArray, slots: &mut Vec<Option<LazyGrad>>) -> Resu
         })
         .collect();
     let scales: SmallVec<[f64; 4]> = gs.iter().map(|g| g.scale).collect();
-    let done = engine::add_to_grads(&params, &values, &scales);
+    let done = engine::add_to_grads(&params, &values, &scales, scope);
     if done {
         return Ok(());
     }

@@ -608,7 +608,7 @@ impl GradientCollector {
         let recording = RECORDING.with(|c| c.replace(false));
         let result = {
             let scope = NDScope::new();
-            let r = backward::run(&mut tape, loss);
+            let r = backward::run(&mut tape, loss, scope.id());
             drop(scope);
             r
         };

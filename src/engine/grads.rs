@@ -3,7 +3,7 @@
 
 use super::exec::lock_arrays;
 use super::shard::{Ctx, my_shard};
-use super::slab::ArrayId;
+use super::slab::{ArrayId, ScopeId};
 use super::{Cause, Layout, Storage, lock_for_free, lock_record, records};
 use crate::backend::cpu;
 use crate::dtype::{dispatch, dispatch_float};
@@ -119,10 +119,20 @@ impl GradMut<'_> {
 /// broadcast axes), the gradient's shape broadcastable to the value's. Otherwise
 /// nothing is done and `false` returned, for the caller to take the general path
 /// (which also reports the errors).
+///
+/// A gradient known to be zero (zeroed by a new collector, written by nothing since:
+/// [`Storage::is_zero`]) takes its value's buffer instead, PyTorch's "the first
+/// gradient is assigned", when that value dies unread right after: it is registered
+/// in `dying` (backward's scope, closed when this returns) and nothing else, is held
+/// by no retain or tape, is read by no other parameter, has the gradient's dtype,
+/// layout and byte size, and its scale is 1. The value then holds the zeros and is
+/// freed with the scope. The gradient keeps its handle, its manager and its charge
+/// (the bytes are the same); only the block under it changes.
 pub(crate) fn add_to_grads(
     params: &[ArrayId],
     values: &[Option<(ArrayId, bool)>],
     scales: &[f64],
+    dying: ScopeId,
 ) -> bool {
     let Some(first) = params.first() else {
         return true;
@@ -137,10 +147,12 @@ pub(crate) fn add_to_grads(
     }
     // No `NoFork`: as any in-place write, a large gradient is added in across the
     // kernel pool, under the lock (see `cpu::fork`).
-    let ctx = Ctx::one(s);
+    let mut ctx = Ctx::one(s);
     let sh = ctx.shr(s);
     // Check everything before writing anything.
     let mut grads: smallvec::SmallVec<[Option<&records::ArrayRec>; 4]> = smallvec::SmallVec::new();
+    // The gradients that take their value's buffer: (gradient, value).
+    let mut takes: smallvec::SmallVec<[(ArrayId, ArrayId); 4]> = smallvec::SmallVec::new();
     for (i, &p) in params.iter().enumerate() {
         let Some(g) = sh.arrays.get(p).and_then(|r| r.grad) else {
             grads.push(None); // a closed parameter, or one without a gradient now
@@ -171,6 +183,16 @@ pub(crate) fn add_to_grads(
             if vr.dtype != gr.dtype || Shape::broadcast(gs, vs).as_ref() != Some(to) {
                 return false;
             }
+            // (A value to be summed over its broadcast axes has none when it has the
+            // gradient's layout, which `takes_over` asks.)
+            if takes_over(gr, vr, dying) && scales[i] == 1.0 {
+                let once = values.iter().flatten().filter(|(w, _)| *w == v).count() == 1;
+                if once && !params.contains(&v) {
+                    takes.push((g, v));
+                    grads.push(None); // nothing to add
+                    continue;
+                }
+            }
         }
         grads.push(Some(gr));
     }
@@ -200,7 +222,41 @@ pub(crate) fn add_to_grads(
             cpu::grad::add_into::<T>(t.strided::<T>(), v, scales[i], sum);
         }, else unreachable!("a gradient is float"));
     }
+    drop(grads);
+    let sh = ctx.sh(s);
+    for (g, v) in takes {
+        let value = std::mem::replace(own_storage(sh, v), Storage::empty());
+        let zeros = std::mem::replace(own_storage(sh, g), value);
+        *own_storage(sh, v) = zeros;
+    }
     true
+}
+
+/// Whether gradient `gr` (a host float array owning its buffer) may take the buffer
+/// of `vr`, the record of value `v`, instead of adding it in: see [`add_to_grads`].
+/// The caller checks what concerns the other parameters and the value's scale.
+fn takes_over(gr: &records::ArrayRec, vr: &records::ArrayRec, dying: ScopeId) -> bool {
+    let (records::Store::Own(gb), records::Store::Own(vb)) = (&gr.store, &vr.store) else {
+        return false;
+    };
+    gb.is_zero()
+        && vb.device() == crate::Device::Cpu
+        && vb.bytes() == gb.bytes()
+        && vr.dtype == gr.dtype
+        && vr.layout == gr.layout
+        && vr.retains == 0
+        && vr.holds == 0
+        && vr.grad.is_none()
+        && vr.scopes.len() == 1
+        && vr.scopes[0].0 == dying
+}
+
+/// The buffer of live array `id`, which [`add_to_grads`] checked owns it.
+fn own_storage(sh: &mut super::shard::Shard, id: ArrayId) -> &mut Storage {
+    match sh.arrays.get_mut(id).map(|r| &mut r.store) {
+        Some(records::Store::Own(b)) => b,
+        _ => unreachable!("checked by add_to_grads: a live array owning its buffer"),
+    }
 }
 
 /// `pg += scale * v` in place (`v` `None`: all ones), `v` of `pg`'s dtype and
@@ -398,6 +454,7 @@ pub(crate) fn unhold(id: ArrayId) {
 
 #[cfg(test)]
 mod tests {
+    use super::{ArrayId, lock_arrays, zero_fill};
     use crate::{DType, GradientCollector, NDManager};
 
     /// A large gradient is zeroed (by a new collector) and added into (by backward's
@@ -415,11 +472,134 @@ mod tests {
         let gc = GradientCollector::new();
         assert_eq!(forks_handed_over() > before, splits, "zeroing");
         let before = forks_handed_over();
-        assert!(super::add_to_grads(&[p.id], &[Some((v.id, false))], &[0.5]));
+        let scope = crate::NDScope::new(); // not `v`'s: `v` is added in, not taken
+        assert!(super::add_to_grads(
+            &[p.id],
+            &[Some((v.id, false))],
+            &[0.5],
+            scope.id()
+        ));
+        drop(scope);
         assert_eq!(forks_handed_over() > before, splits, "adding in");
         let g = p.gradient().to_vec::<f32>().unwrap();
         assert!(g.iter().all(|&e| e == 1.0));
         drop(gc);
+        m.close();
+    }
+
+    /// The address of live array `id`'s buffer.
+    fn addr(id: ArrayId) -> usize {
+        lock_arrays(&[id]).operand(id).unwrap().buffer_addr()
+    }
+
+    /// A zeroed gradient takes the buffer of a value that dies with backward's scope,
+    /// and of no other: each condition of `takes_over` and `add_to_grads` is needed,
+    /// and breaking any one of them is caught here (the value read later, or a
+    /// gradient written since its zeroing, would see the wrong numbers).
+    #[test]
+    fn a_zeroed_gradient_takes_only_a_dying_values_buffer() {
+        let m = NDManager::new();
+        let n = 64;
+        let p = m.zeros([n], DType::F32).set_requires_gradient(true);
+        let q = m.zeros([n], DType::F32).set_requires_gradient(true);
+        let g = |a: crate::NDArray| a.gradient().to_vec::<f32>().unwrap();
+        let add = |ps: &[&crate::NDArray], v: &crate::NDArray, scale: f64, s: &crate::NDScope| {
+            let ids: Vec<ArrayId> = ps.iter().map(|p| p.id).collect();
+            let vals = vec![Some((v.id, false)); ids.len()];
+            assert!(super::add_to_grads(
+                &ids,
+                &vals,
+                &vec![scale; ids.len()],
+                s.id()
+            ));
+        };
+        let outer = crate::NDScope::new();
+        let kept = m.full([n], 5.0, DType::F32); // registered in `outer`
+        let scope = crate::NDScope::new();
+        // Taken: the gradient is p's old buffer's successor, the value holds the zeros.
+        let gc = GradientCollector::new();
+        let v = m.full([n], 3.0, DType::F32);
+        let at = addr(v.id);
+        add(&[&p], &v, 1.0, &scope);
+        assert_eq!(addr(p.gradient().id), at, "taken");
+        assert_eq!(g(p), vec![3.0; n]);
+        assert_eq!(v.to_vec::<f32>().unwrap(), vec![0.0; n]);
+        // Not zero any more: added into.
+        let w = m.full([n], 2.0, DType::F32);
+        add(&[&p], &w, 1.0, &scope);
+        assert_eq!((addr(p.gradient().id), g(p)), (at, vec![5.0; n]), "added");
+        drop(gc);
+        // A value registered in another scope than backward's is read later.
+        drop(GradientCollector::new()); // zeroes the gradients
+        add(&[&p], &kept, 1.0, &scope);
+        assert_eq!(g(p), vec![5.0; n]);
+        assert_eq!(
+            kept.to_vec::<f32>().unwrap(),
+            vec![5.0; n],
+            "another scope's"
+        );
+        // A retained value, and one held by a tape, outlive the scope.
+        drop(GradientCollector::new()); // zeroes the gradients
+        let r = m.full([n], 7.0, DType::F32);
+        r.retain();
+        add(&[&p], &r, 1.0, &scope);
+        assert_eq!(r.to_vec::<f32>().unwrap(), vec![7.0; n], "retained");
+        r.release();
+        drop(GradientCollector::new()); // zeroes the gradients
+        let h = m.full([n], 8.0, DType::F32);
+        let mut held = smallvec::smallvec![h.id];
+        super::hold_all(&mut held);
+        add(&[&p], &h, 1.0, &scope);
+        assert_eq!(h.to_vec::<f32>().unwrap(), vec![8.0; n], "held");
+        super::unhold_all(&held);
+        // A scaled value is added (the buffer holds the unscaled numbers).
+        drop(GradientCollector::new()); // zeroes the gradients
+        let s = m.full([n], 4.0, DType::F32);
+        add(&[&p], &s, 0.5, &scope);
+        assert_eq!(g(p), vec![2.0; n], "scaled");
+        // A gradient written since its zeroing is added into.
+        drop(GradientCollector::new()); // zeroes the gradients
+        zero_fill(p.gradient().id).unwrap(); // zero, but written by an op: not known
+        let z = m.full([n], 6.0, DType::F32);
+        add(&[&p], &z, 1.0, &scope);
+        assert_eq!(z.to_vec::<f32>().unwrap(), vec![6.0; n], "written since");
+        // Two parameters reading one value both get it.
+        drop(GradientCollector::new()); // zeroes the gradients
+        let two = m.full([n], 9.0, DType::F32);
+        add(&[&p, &q], &two, 1.0, &scope);
+        assert_eq!((g(p), g(q)), (vec![9.0; n], vec![9.0; n]), "shared value");
+        // A value to be summed down to the gradient's shape that has that shape (what
+        // layer_norm's rule hands back) is taken; one of a broadcast shape is summed.
+        drop(GradientCollector::new());
+        let u = m.full([n], 1.5, DType::F32);
+        let at = addr(u.id);
+        assert!(super::add_to_grads(
+            &[p.id],
+            &[Some((u.id, true))],
+            &[1.0],
+            scope.id()
+        ));
+        assert_eq!(
+            (addr(p.gradient().id), g(p)),
+            (at, vec![1.5; n]),
+            "same shape"
+        );
+        drop(GradientCollector::new());
+        let wide = m.full([2, n], 0.5, DType::F32);
+        assert!(super::add_to_grads(
+            &[p.id],
+            &[Some((wide.id, true))],
+            &[1.0],
+            scope.id()
+        ));
+        assert_eq!(g(p), vec![1.0; n], "summed over the broadcast axis");
+        drop(scope);
+        drop(outer);
+        assert_eq!(
+            m.memory().live_arrays,
+            4,
+            "the parameters and their gradients"
+        );
         m.close();
     }
 

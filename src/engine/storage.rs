@@ -8,6 +8,12 @@
 //! (`writers`), and outside reads that would start meanwhile wait for it. So the
 //! counters live here, beside the block, and a backend's buffer is plain memory.
 //!
+//! A block also knows whether it is all zeros: [`Storage::fill_zero`] sets `zero` and
+//! [`Storage::slice_mut`], the only way to write a block in place, clears it. So a
+//! gradient zeroed by a new collector and untouched since is known to be zero, and
+//! backward may hand it the computed gradient's block instead of adding into it
+//! (`grads::add_to_grads`).
+//!
 //! [`Mem`] names the device the block lives on: host memory (the CPU backend's
 //! [`Buffer`]) or, with the `gpu` feature, a GPU buffer of the wgpu backend. The op
 //! path dispatches on it: an op hands a CPU kernel only host operands (`exec::on_host`),
@@ -18,7 +24,7 @@ use crate::Device;
 #[cfg(feature = "gpu")]
 use crate::backend::wgpu::GpuBuffer;
 use crate::dtype::Native;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 /// Where a block of array data lives.
 pub(crate) enum Mem {
@@ -36,7 +42,12 @@ pub(crate) struct Storage {
     outside_readers: AtomicUsize,
     /// In-place writers that found outside reads in flight and have not written yet:
     /// new outside reads wait for them, so a stream of reads cannot starve a writer.
-    writers: AtomicUsize,
+    writers: AtomicU32,
+    /// Every byte is 0: set by [`Storage::fill_zero`], cleared by
+    /// [`Storage::slice_mut`]. Read and written only with exclusive access (the
+    /// buffer's shard lock held, no outside reader), so `Relaxed` suffices; an atomic
+    /// only because `Storage` is shared between threads.
+    zero: AtomicBool,
 }
 
 impl From<Buffer> for Storage {
@@ -45,7 +56,8 @@ impl From<Buffer> for Storage {
         Storage {
             mem: Mem::Host(buf),
             outside_readers: AtomicUsize::new(0),
-            writers: AtomicUsize::new(0),
+            writers: AtomicU32::new(0),
+            zero: AtomicBool::new(false),
         }
     }
 }
@@ -56,7 +68,8 @@ impl From<GpuBuffer> for Storage {
         Storage {
             mem: Mem::Gpu(buf),
             outside_readers: AtomicUsize::new(0),
-            writers: AtomicUsize::new(0),
+            writers: AtomicU32::new(0),
+            zero: AtomicBool::new(false),
         }
     }
 }
@@ -138,17 +151,28 @@ impl Storage {
     #[allow(clippy::mut_from_ref)]
     #[inline]
     pub(crate) unsafe fn slice_mut<T: Native>(&self) -> &mut [T] {
+        // The caller may write through the slice: the block is no longer known zero.
+        self.zero.store(false, Ordering::Relaxed);
         // SAFETY: forwarded; the caller guarantees exclusive access.
         unsafe { self.host().slice_mut::<T>() }
     }
 
-    /// Set every byte to zero.
+    /// Set every byte to zero (and remember it: [`Storage::is_zero`]).
     ///
     /// # Safety
     /// Exclusive access, as for [`Storage::slice_mut`].
     pub(crate) unsafe fn fill_zero(&self) {
         // SAFETY: forwarded; the caller guarantees exclusive access.
-        unsafe { self.host().fill_zero() }
+        unsafe { self.host().fill_zero() };
+        self.zero.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether every byte is known to be 0: [`Storage::fill_zero`] ran and no
+    /// [`Storage::slice_mut`] since. `false` says nothing. Call it with the access
+    /// a write would need (the shard lock held, no outside reader).
+    #[inline]
+    pub(crate) fn is_zero(&self) -> bool {
+        self.zero.load(Ordering::Relaxed)
     }
 
     pub(crate) fn begin_outside_read(&self) {

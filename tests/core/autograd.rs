@@ -409,3 +409,79 @@ fn broadcast_parameter_gradient_is_summed_exactly() -> Result<(), NdError> {
     m.close();
     Ok(())
 }
+
+/// The first gradient after a collector zeroed it is taken, not added: backward hands
+/// the zeroed gradient the buffer of the value it computed (PyTorch's "the first
+/// gradient is assigned"). What a user sees must not change: the same handle, the
+/// right values, later gradients added in, and every counter back to its baseline.
+#[test]
+fn the_first_gradient_is_taken_and_later_ones_are_added() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let xs: Vec<f32> = (0..1000).map(|i| i as f32 * 0.01).collect();
+    let cos: Vec<f32> = xs.iter().map(|x| x.cos()).collect();
+    let w = m.create(&xs, [1000]).set_requires_gradient(true);
+    let g = w.gradient();
+    let before = counts(&m);
+    let all = ndscope::memory();
+    for _ in 0..3 {
+        let _step = NDScope::new(); // frees the forward's arrays
+        let gc = GradientCollector::new();
+        gc.backward(w.sin().sum())?; // sin's rule computes g * cos(w): a new array
+    }
+    assert_eq!(w.gradient(), g, "one handle");
+    assert_eq!(f32s(g), cos);
+    {
+        let _step = NDScope::new();
+        let gc = GradientCollector::accumulating();
+        gc.backward(w.sin().sum())?; // the gradient holds cos now: added into
+    }
+    let twice: Vec<f32> = cos.iter().map(|c| c + c).collect();
+    assert_eq!(f32s(g), twice);
+    assert_eq!(counts(&m), before);
+    assert_eq!(ndscope::memory().live_arrays, all.live_arrays);
+    m.close();
+    Ok(())
+}
+
+/// A gradient written in place after the collector zeroed it is no longer zero, so
+/// backward adds into it.
+#[test]
+fn a_gradient_written_after_zeroing_is_added_into() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let w = m
+        .create(&[0.0f32, 1.0, 2.0], [3])
+        .set_requires_gradient(true);
+    let gc = GradientCollector::new();
+    let mut g = w.gradient();
+    g += 1.0;
+    gc.backward(w.sin().sum())?;
+    let want: Vec<f32> = [0.0f32, 1.0, 2.0].iter().map(|x| 1.0 + x.cos()).collect();
+    assert_eq!(f32s(w.gradient()), want);
+    m.close();
+    Ok(())
+}
+
+/// Two parameters whose gradients are one computed array (`a + b` passes its gradient
+/// to both) both receive it: at most one of them may take its buffer.
+#[test]
+fn two_parameters_reading_one_value_both_get_it() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let a = m
+        .create(&[0.0f32, 1.0, 2.0], [3])
+        .set_requires_gradient(true);
+    let b = m
+        .create(&[0.5f32, 0.5, 0.5], [3])
+        .set_requires_gradient(true);
+    {
+        let gc = GradientCollector::new();
+        gc.backward((a + b).sin().sum())?;
+    }
+    let want: Vec<f32> = [0.5f32, 1.5, 2.5].iter().map(|x| x.cos()).collect();
+    assert_eq!(f32s(a.gradient()), want);
+    assert_eq!(f32s(b.gradient()), want);
+    m.close();
+    Ok(())
+}
