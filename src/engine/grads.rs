@@ -76,8 +76,10 @@ pub(crate) fn zero_my_param_grads() -> Vec<ArrayId> {
                 // slice of it exists, no op reads it outside a lock (a snapshot would
                 // have moved it to a shared record first), and its shard's lock is
                 // held exclusively here. Every bit pattern of zeros is 0 of every
-                // float type, and the buffer is the array's contiguous data.
-                unsafe { buf.fill_zero() };
+                // float type, and the buffer is the array's contiguous data. The zeros
+                // are written when the gradient is first read or written, so never
+                // when backward hands it a value's buffer (`add_to_grads`).
+                unsafe { buf.zero_lazily() };
             }
             Some(_) => rest.push(g),
             None => {}
@@ -457,9 +459,10 @@ mod tests {
     use super::{ArrayId, lock_arrays, zero_fill};
     use crate::{DType, GradientCollector, NDManager};
 
-    /// A large gradient is zeroed (by a new collector) and added into (by backward's
-    /// last step, [`super::add_to_grads`]) with its kernel split across the kernel
-    /// pool, under the lock: in-place writes take no `NoFork` (see `cpu::fork`).
+    /// A large gradient is zeroed lazily by a new collector (no pass over memory, so
+    /// no kernel split), and backward's last step ([`super::add_to_grads`]) writes
+    /// its zeros and adds into it with both kernels split across the kernel pool,
+    /// under the lock: in-place writes take no `NoFork` (see `cpu::fork`).
     #[test]
     fn a_large_gradient_is_zeroed_and_added_into_on_the_kernel_pool() {
         use crate::backend::cpu::{fork_threads, forks_handed_over};
@@ -468,19 +471,26 @@ mod tests {
         let p = m.zeros([n], DType::F32).set_requires_gradient(true);
         let v = m.full([n], 2.0, DType::F32);
         let splits = fork_threads() > 1;
+        let scope = crate::NDScope::new(); // not `v`'s: `v` is added in, not taken
+        let add = || {
+            assert!(super::add_to_grads(
+                &[p.id],
+                &[Some((v.id, false))],
+                &[0.5],
+                scope.id()
+            ))
+        };
+        add(); // the gradient holds ones: the zeros below must overwrite them
         let before = forks_handed_over();
         let gc = GradientCollector::new();
-        assert_eq!(forks_handed_over() > before, splits, "zeroing");
-        let before = forks_handed_over();
-        let scope = crate::NDScope::new(); // not `v`'s: `v` is added in, not taken
-        assert!(super::add_to_grads(
-            &[p.id],
-            &[Some((v.id, false))],
-            &[0.5],
-            scope.id()
-        ));
+        assert_eq!(forks_handed_over(), before, "zeroing writes nothing yet");
+        add();
+        assert_eq!(
+            forks_handed_over() > before,
+            splits,
+            "zeroing and adding in"
+        );
         drop(scope);
-        assert_eq!(forks_handed_over() > before, splits, "adding in");
         let g = p.gradient().to_vec::<f32>().unwrap();
         assert!(g.iter().all(|&e| e == 1.0));
         drop(gc);

@@ -8,11 +8,13 @@
 //! (`writers`), and outside reads that would start meanwhile wait for it. So the
 //! counters live here, beside the block, and a backend's buffer is plain memory.
 //!
-//! A block also knows whether it is all zeros: [`Storage::fill_zero`] sets `zero` and
-//! [`Storage::slice_mut`], the only way to write a block in place, clears it. So a
-//! gradient zeroed by a new collector and untouched since is known to be zero, and
-//! backward may hand it the computed gradient's block instead of adding into it
-//! (`grads::add_to_grads`).
+//! A block also knows whether it reads as zeros (`zero`): [`Storage::zero_lazily`] says
+//! so without writing a byte, and the zeros are written by the first [`Storage::slice`]
+//! or [`Storage::slice_mut`], the only ways to read or write a block's bytes;
+//! `slice_mut` forgets it (its caller may write). So a
+//! gradient zeroed by a new collector costs no pass over memory until it is read, and
+//! backward, finding it untouched, may hand it the computed gradient's block instead of
+//! adding into it (`grads::add_to_grads`): then the zeros are never written at all.
 //!
 //! [`Mem`] names the device the block lives on: host memory (the CPU backend's
 //! [`Buffer`]) or, with the `gpu` feature, a GPU buffer of the wgpu backend. The op
@@ -24,7 +26,7 @@ use crate::Device;
 #[cfg(feature = "gpu")]
 use crate::backend::wgpu::GpuBuffer;
 use crate::dtype::Native;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize, Ordering};
 
 /// Where a block of array data lives.
 pub(crate) enum Mem {
@@ -43,12 +45,21 @@ pub(crate) struct Storage {
     /// In-place writers that found outside reads in flight and have not written yet:
     /// new outside reads wait for them, so a stream of reads cannot starve a writer.
     writers: AtomicU32,
-    /// Every byte is 0: set by [`Storage::fill_zero`], cleared by
-    /// [`Storage::slice_mut`]. Read and written only with exclusive access (the
-    /// buffer's shard lock held, no outside reader), so `Relaxed` suffices; an atomic
-    /// only because `Storage` is shared between threads.
-    zero: AtomicBool,
+    /// Whether the block reads as zeros: [`UNKNOWN`], [`ZERO`] (every byte is 0),
+    /// [`PENDING`] (it reads as zeros, and the first access writes them) or
+    /// [`ZEROING`] (a reader is writing them).
+    zero: AtomicU8,
 }
+
+/// [`Storage::zero`]: nothing known.
+const UNKNOWN: u8 = 0;
+/// [`Storage::zero`]: every byte is 0.
+const ZERO: u8 = 1;
+/// [`Storage::zero`]: the block reads as zeros, but its bytes are not written yet.
+const PENDING: u8 = 2;
+/// [`Storage::zero`]: a reader found [`PENDING`] and is writing the zeros; other
+/// readers wait for [`ZERO`].
+const ZEROING: u8 = 3;
 
 impl From<Buffer> for Storage {
     #[inline]
@@ -57,7 +68,7 @@ impl From<Buffer> for Storage {
             mem: Mem::Host(buf),
             outside_readers: AtomicUsize::new(0),
             writers: AtomicU32::new(0),
-            zero: AtomicBool::new(false),
+            zero: AtomicU8::new(UNKNOWN),
         }
     }
 }
@@ -69,7 +80,7 @@ impl From<GpuBuffer> for Storage {
             mem: Mem::Gpu(buf),
             outside_readers: AtomicUsize::new(0),
             writers: AtomicU32::new(0),
-            zero: AtomicBool::new(false),
+            zero: AtomicU8::new(UNKNOWN),
         }
     }
 }
@@ -139,8 +150,37 @@ impl Storage {
     /// As [`Buffer::slice`]: no one may write the block while the slice lives.
     #[inline]
     pub(crate) unsafe fn slice<T: Native>(&self) -> &[T] {
-        // SAFETY: forwarded; the caller guarantees no concurrent writer.
+        if self.zero.load(Ordering::Acquire) >= PENDING {
+            self.write_pending_zeros();
+        }
+        // SAFETY: forwarded; the caller guarantees no concurrent writer (the pending
+        // zeros were written above, by this reader or another, before any slice).
         unsafe { self.host().slice::<T>() }
+    }
+
+    /// Write the zeros of a [`PENDING`] block for a reader: readers may run on
+    /// several threads at once, so one of them writes (`ZEROING`) while the others
+    /// wait for [`ZERO`]. No slice of the block exists meanwhile: every reader
+    /// gets its slice only after this returns, and a writer excludes readers.
+    #[cold]
+    fn write_pending_zeros(&self) {
+        loop {
+            match self
+                .zero
+                .compare_exchange(PENDING, ZEROING, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    // SAFETY: winning the exchange makes this the only access to the
+                    // bytes (see above); on this thread, not the kernel pool, so a
+                    // waiting pool thread cannot hold it up.
+                    unsafe { self.host().slice_mut::<u8>() }.fill(0);
+                    self.zero.store(ZERO, Ordering::Release);
+                    return;
+                }
+                Err(ZEROING) => std::hint::spin_loop(),
+                Err(_) => return, // written meanwhile
+            }
+        }
     }
 
     /// The whole host block as a mutable slice of `T`.
@@ -151,28 +191,34 @@ impl Storage {
     #[allow(clippy::mut_from_ref)]
     #[inline]
     pub(crate) unsafe fn slice_mut<T: Native>(&self) -> &mut [T] {
+        // Exclusive access: no reader writes the pending zeros meanwhile.
+        if self.zero.load(Ordering::Relaxed) == PENDING {
+            // SAFETY: the caller guarantees exclusive access.
+            unsafe { self.host().fill_zero() };
+        }
         // The caller may write through the slice: the block is no longer known zero.
-        self.zero.store(false, Ordering::Relaxed);
+        self.zero.store(UNKNOWN, Ordering::Relaxed);
         // SAFETY: forwarded; the caller guarantees exclusive access.
         unsafe { self.host().slice_mut::<T>() }
     }
 
-    /// Set every byte to zero (and remember it: [`Storage::is_zero`]).
+    /// Make the block read as zeros without writing them now: the first
+    /// [`Storage::slice`] or [`Storage::slice_mut`] writes them, and a block freed
+    /// unread never has them written.
     ///
     /// # Safety
-    /// Exclusive access, as for [`Storage::slice_mut`].
-    pub(crate) unsafe fn fill_zero(&self) {
-        // SAFETY: forwarded; the caller guarantees exclusive access.
-        unsafe { self.host().fill_zero() };
-        self.zero.store(true, Ordering::Relaxed);
+    /// Exclusive access, as for [`Storage::slice_mut`] (no slice of the block alive).
+    pub(crate) unsafe fn zero_lazily(&self) {
+        self.zero.store(PENDING, Ordering::Release);
     }
 
-    /// Whether every byte is known to be 0: [`Storage::fill_zero`] ran and no
-    /// [`Storage::slice_mut`] since. `false` says nothing. Call it with the access
-    /// a write would need (the shard lock held, no outside reader).
+    /// Whether the block reads as zeros: [`Storage::zero_lazily`] ran and no
+    /// [`Storage::slice_mut`] since. `false` says
+    /// nothing. Call it with the access a write would need (the shard lock held, no
+    /// outside reader).
     #[inline]
     pub(crate) fn is_zero(&self) -> bool {
-        self.zero.load(Ordering::Relaxed)
+        matches!(self.zero.load(Ordering::Relaxed), ZERO | PENDING)
     }
 
     pub(crate) fn begin_outside_read(&self) {

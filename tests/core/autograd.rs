@@ -445,7 +445,8 @@ fn the_first_gradient_is_taken_and_later_ones_are_added() -> Result<(), NdError>
 }
 
 /// A gradient written in place after the collector zeroed it is no longer zero, so
-/// backward adds into it.
+/// backward adds into it; and the write saw the zeros (a collector writes them only
+/// when the gradient is first read or written), not the last step's gradient.
 #[test]
 fn a_gradient_written_after_zeroing_is_added_into() -> Result<(), NdError> {
     let _serial = serial();
@@ -453,6 +454,12 @@ fn a_gradient_written_after_zeroing_is_added_into() -> Result<(), NdError> {
     let w = m
         .create(&[0.0f32, 1.0, 2.0], [3])
         .set_requires_gradient(true);
+    {
+        let _step = NDScope::new();
+        let gc = GradientCollector::new();
+        gc.backward((w * 100.0).sum())?; // the gradient holds 100s
+    }
+    let _step = NDScope::new();
     let gc = GradientCollector::new();
     let mut g = w.gradient();
     g += 1.0;
@@ -482,6 +489,36 @@ fn two_parameters_reading_one_value_both_get_it() -> Result<(), NdError> {
     let want: Vec<f32> = [0.5f32, 1.5, 2.5].iter().map(|x| x.cos()).collect();
     assert_eq!(f32s(a.gradient()), want);
     assert_eq!(f32s(b.gradient()), want);
+    m.close();
+    Ok(())
+}
+
+/// A collector's zeros are written when the gradient is first read: readers on
+/// several threads at once all see zeros, never the last step's values.
+#[test]
+fn a_zeroed_gradient_read_from_several_threads_reads_zeros() -> Result<(), NdError> {
+    let _serial = serial();
+    let m = NDManager::new();
+    let w = m.zeros([1 << 16], DType::F32).set_requires_gradient(true);
+    for _ in 0..20 {
+        {
+            let _step = NDScope::new();
+            let gc = GradientCollector::new();
+            gc.backward((w * 3.0).sum())?; // the gradient holds 3s
+        }
+        drop(GradientCollector::new());
+        let g = w.gradient();
+        let barrier = std::sync::Barrier::new(4);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    barrier.wait();
+                    let v = g.to_vec::<f32>().unwrap();
+                    assert!(v.iter().all(|&e| e == 0.0), "read the old gradient");
+                });
+            }
+        });
+    }
     m.close();
     Ok(())
 }
