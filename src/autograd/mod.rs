@@ -53,6 +53,10 @@
 //!   tape first records it (DJL and `optimizer.zero_grad()` in PyTorch); so a
 //!   collector touches only its own thread's parameters and the ones it uses, and
 //!   collectors on two threads training their own parameters never interfere.
+//!   The zeros are written when a gradient is first read or written, and a gradient
+//!   nothing touched before backward takes the buffer backward computed for it
+//!   instead of adding it in (PyTorch assigns a first gradient the same way); its
+//!   handle stays the same.
 //!   [`GradientCollector::accumulating`] leaves gradients as they are, so they add up
 //!   over several collectors (PyTorch's default). Two collectors that train the *same*
 //!   parameter at once both add into its one gradient array.

@@ -235,7 +235,7 @@ pub(crate) fn add_to_grads(
 }
 
 /// Whether gradient `gr` (a host float array owning its buffer) may take the buffer
-/// of `vr`, the record of value `v`, instead of adding it in: see [`add_to_grads`].
+/// of the value whose record is `vr` instead of adding it in: see [`add_to_grads`].
 /// The caller checks what concerns the other parameters and the value's scale.
 fn takes_over(gr: &records::ArrayRec, vr: &records::ArrayRec, dying: ScopeId) -> bool {
     let (records::Store::Own(gb), records::Store::Own(vb)) = (&gr.store, &vr.store) else {
