@@ -13,15 +13,15 @@
 //!   spinning); a writer that waits announces itself, and outside reads that would
 //!   start meanwhile wait for it, holding nothing ([`take_snapshots`]). Then the result
 //!   is registered under this thread's shard lock.
-//! * **In-place writes** lock the shards of the target and the inputs, wait until no
-//!   outside read of the target's buffer is in flight, copy out inputs that alias the
-//!   target, and write.
+//! * **In-place writes** (`super::inplace`) lock the shards of the target and the
+//!   inputs, wait until no outside read of the target's buffer is in flight, copy out
+//!   inputs that alias the target, and write.
 
 use super::arrays::Data;
 use super::devices::{on_host, on_one_device};
 use super::oplog;
 use super::records::{ArrayRec, Store};
-use super::shard::{Ctx, Shards, add, lock_needed, my_shard};
+use super::shard::{Ctx, Shards, my_shard};
 use super::slab::{ArrayId, MgrId};
 use super::{Buffer, Layout, Storage};
 use crate::backend::cpu::{self, NoFork, Strided, StridedMut};
@@ -38,7 +38,7 @@ const OUTSIDE_LOCK_WORK: usize = 1 << 15;
 /// A resolved op input: read-only access to an array's data and metadata.
 #[derive(Clone, Copy)]
 pub(crate) struct Operand<'a> {
-    buf: &'a Storage,
+    pub(super) buf: &'a Storage,
     pub layout: &'a Layout,
     pub dtype: DType,
     pub id: ArrayId,
@@ -50,7 +50,7 @@ pub(crate) struct Operand<'a> {
 impl<'a> Operand<'a> {
     /// The operand of array `id` with record `r` and data `buf`.
     #[inline]
-    fn of(id: ArrayId, r: &'a ArrayRec, buf: &'a Storage) -> Operand<'a> {
+    pub(super) fn of(id: ArrayId, r: &'a ArrayRec, buf: &'a Storage) -> Operand<'a> {
         Operand {
             buf,
             layout: &r.layout,
@@ -114,7 +114,7 @@ impl<'a> Operand<'a> {
 /// The writable target of an in-place op. `layout` may be narrowed (e.g. to a slice
 /// of the target) before writing; it must stay within the target's buffer.
 pub(crate) struct OperandMut<'a> {
-    buf: &'a Storage,
+    pub(super) buf: &'a Storage,
     pub layout: Layout,
     pub dtype: DType,
     pub id: ArrayId,
@@ -504,25 +504,13 @@ fn drop_snapshots(snaps: &mut [Snapshot]) {
 }
 
 /// Writers waiting for outside reads to end park here.
-static READS_DONE: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+pub(super) static READS_DONE: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
 
 fn end_outside_read(buf: &Storage) {
     if buf.end_outside_read() {
         // The last outside read ended and a writer may be waiting.
         let _g = READS_DONE.0.lock();
         READS_DONE.1.notify_all();
-    }
-}
-
-/// Park until `buf` has no outside reader (re-checked by the caller under its lock).
-/// The caller has announced itself ([`WriterTurn`]), so no new outside read starts.
-fn wait_for_readers(buf: &Storage) {
-    let mut g = READS_DONE.0.lock();
-    while buf.has_outside_readers() {
-        // (The last reader notifies under this mutex; the timeout is a safety net.)
-        READS_DONE
-            .1
-            .wait_for(&mut g, std::time::Duration::from_millis(1));
     }
 }
 
@@ -533,26 +521,6 @@ fn wait_for_writers(buf: &Storage) {
         READS_DONE
             .1
             .wait_for(&mut g, std::time::Duration::from_millis(1));
-    }
-}
-
-/// An in-place writer's announcement on a buffer with reads in flight: while it lives,
-/// new outside reads of the buffer wait. Dropped once the write is done (or failed).
-struct WriterTurn(Arc<Storage>);
-
-impl WriterTurn {
-    fn announce(buf: Arc<Storage>) -> WriterTurn {
-        buf.announce_writer();
-        WriterTurn(buf)
-    }
-}
-
-impl Drop for WriterTurn {
-    fn drop(&mut self) {
-        if self.0.writer_done() {
-            let _g = READS_DONE.0.lock();
-            READS_DONE.1.notify_all();
-        }
     }
 }
 
@@ -722,131 +690,6 @@ pub(crate) fn broadcast_view(one: ArrayId, shape: Shape, at: SourceLocation) -> 
     })
 }
 
-/// Run an in-place op writing `target`, reading `inputs`, with a CPU kernel: a target
-/// or an input on another device is `Unsupported` (or a `DeviceMismatch`).
-pub(crate) fn run_inplace(
-    target: ArrayId,
-    inputs: &[ArrayId],
-    f: impl FnOnce(OperandMut<'_>, &[Operand<'_>]) -> Result<()>,
-) -> Result<()> {
-    run_inplace_inner("in-place update", target, inputs, false, f)
-}
-
-/// [`run_inplace`] for an in-place op `name` with kernels on more than one device: `f`
-/// also sees a target and inputs on one GPU (`OperandMut::gpu`) and branches on it.
-/// Inputs on another device than the target's are a `DeviceMismatch`, nothing written.
-pub(crate) fn run_inplace_on(
-    name: &'static str,
-    target: ArrayId,
-    inputs: &[ArrayId],
-    f: impl FnOnce(OperandMut<'_>, &[Operand<'_>]) -> Result<()>,
-) -> Result<()> {
-    run_inplace_inner(name, target, inputs, cfg!(feature = "gpu"), f)
-}
-
-fn run_inplace_inner(
-    name: &'static str,
-    target: ArrayId,
-    inputs: &[ArrayId],
-    any_device: bool,
-    f: impl FnOnce(OperandMut<'_>, &[Operand<'_>]) -> Result<()>,
-) -> Result<()> {
-    // The shards of the target and the inputs, and every shard that reads the target's
-    // data through its own record (the home's and the proxies').
-    let mut first: Shards = smallvec::smallvec![target.shard];
-    for i in inputs {
-        add(&mut first, i.shard);
-    }
-    let need = |ctx: &Ctx, out: &mut Shards| {
-        let Ok(r) = ctx.array(target) else { return };
-        let Store::Shared(b) = r.store else { return };
-        let home = ctx.buffer(b).home_of(b);
-        add(out, home.shard);
-        if ctx.holds(home.shard)
-            && let Some(hm) = ctx.shr(home.shard).buffers.get(home)
-        {
-            for p in &hm.proxies {
-                add(out, p.shard);
-            }
-        }
-    };
-    // Wait until no op reads the target outside a lock (they hold none, so they
-    // finish; new ones cannot start while we hold the shards of the buffer's records,
-    // nor, once we are announced, while we wait). Declared before the locks, so that
-    // the announcement ends after the write, once the locks are released.
-    let mut turn: Option<WriterTurn> = None;
-    let ctx = loop {
-        let ctx = lock_needed(&first, need);
-        // An array that owns its buffer has no outside reader (a snapshot shares it).
-        let Store::Shared(b) = ctx.array(target)?.store else {
-            break ctx;
-        };
-        let buf = &ctx.buffer(b).buf;
-        if !buf.has_outside_readers() {
-            break ctx;
-        }
-        let buf = buf.clone();
-        if !turn.as_ref().is_some_and(|t| Arc::ptr_eq(&t.0, &buf)) {
-            turn = Some(WriterTurn::announce(buf.clone()));
-        }
-        drop(ctx);
-        wait_for_readers(&buf);
-    };
-    // No `NoFork`: a write holds the locks whatever its size (there is no unlocked
-    // path), so a large one splits across the kernel pool (see `cpu::fork`).
-    let r = ctx.array(target)?;
-    let tbuf = ctx.shr(target.shard).data_of(r);
-    // Inputs sharing the target's buffer are copied out first so reads never alias
-    // the write (declared first: the operands may point into it).
-    let copies: SmallVec<[Option<(Storage, Layout)>; 2]>;
-    let mut ops = SmallVec::<[Operand<'_>; 2]>::new();
-    for &id in inputs {
-        ops.push(ctx.operand(id)?);
-    }
-    // The target first: a device check names it and its device.
-    let mut all = SmallVec::<[Operand<'_>; 3]>::new();
-    all.push(Operand::of(target, r, tbuf));
-    all.extend(ops.iter().copied());
-    if any_device {
-        on_one_device(name, &all)?;
-    } else {
-        on_host(name, &all)?;
-    }
-    drop(all);
-    let aliases = |o: &Operand<'_>| o.buf.addr() == tbuf.addr() && o.buf.bytes() != 0;
-    if ops.iter().any(aliases) {
-        copies = ops
-            .iter()
-            .map(|o| aliases(o).then(|| copy_out(o)).transpose())
-            .collect::<Result<_>>()?;
-        for (o, c) in ops.iter_mut().zip(&copies) {
-            if let Some((b, l)) = c {
-                o.buf = b;
-                o.layout = l;
-            }
-        }
-    }
-    let t = OperandMut {
-        buf: tbuf,
-        layout: r.layout.clone(),
-        dtype: r.dtype,
-        id: target,
-        created_at: r.created_at,
-    };
-    f(t, &ops)
-}
-
-/// A contiguous copy of an input that shares an in-place target's buffer, on the
-/// input's device.
-fn copy_out(o: &Operand<'_>) -> Result<(Storage, Layout)> {
-    #[cfg(feature = "gpu")]
-    if let Some(g) = o.gpu() {
-        let buf = crate::backend::wgpu::kernels::convert("in-place update", g, o.dtype)?;
-        return Ok((buf.into(), Layout::contiguous(o.layout.shape.clone())));
-    }
-    materialize(o).map(|(b, l)| (Storage::from(b), l))
-}
-
 /// Read an array under the locks of its shard and its buffer's.
 pub(crate) fn read<R>(id: ArrayId, f: impl FnOnce(&Operand<'_>) -> R) -> Result<R> {
     let ctx = Ctx::read_only(&[id.shard]);
@@ -876,9 +719,7 @@ pub(crate) fn host_copy<R>(o: &Operand<'_>, f: impl FnOnce(&Operand<'_>) -> R) -
 #[cfg(test)]
 mod tests {
     /// The engine computes an op and a read under its locks with forking off, and
-    /// turns it back on when it lets go; an in-place update, which holds the locks
-    /// whatever its size, may fork from a thread outside any rayon pool, never from a
-    /// rayon worker.
+    /// turns it back on when it lets go (the in-place half: `inplace`'s tests).
     #[test]
     fn the_engine_holds_no_fork_while_it_computes_under_a_lock() {
         let m = crate::NDManager::new();
@@ -897,23 +738,6 @@ mod tests {
         // Outside the lock a kernel may fork again, where the kernel pool has two
         // threads or more (a one-thread pool never forks).
         let threads = crate::backend::cpu::fork_threads();
-        assert_eq!(crate::backend::cpu::may_fork(), threads > 1);
-        let inplace = || {
-            let mut seen = None;
-            super::run_inplace(a.id, &[], |_, _| {
-                seen = Some(crate::backend::cpu::may_fork());
-                Ok(())
-            })
-            .unwrap();
-            seen
-        };
-        assert_eq!(inplace(), Some(threads > 1));
-        let in_task = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap()
-            .install(inplace);
-        assert_eq!(in_task, Some(false));
         assert_eq!(crate::backend::cpu::may_fork(), threads > 1);
         let _ = b;
         m.close();

@@ -60,6 +60,7 @@ mod count_alloc;
 mod devices;
 mod exec;
 mod grads;
+mod inplace;
 mod managers;
 pub(crate) mod oplog;
 mod records;
@@ -77,12 +78,13 @@ pub(crate) use devices::{device_of, gpu_arrays, move_data};
 pub(crate) use exec::create_stored;
 pub(crate) use exec::{
     Operand, OperandMut, Output, broadcast_view, create, full_beside, host_copy, materialize, read,
-    run_inplace, run_inplace_on, run_op, run_op_on, unsupported,
+    run_op, run_op_on, unsupported,
 };
 pub(crate) use grads::{
     TapeInfo, add_into, add_to_grads, drop_grad, grad, hold_all, install_grad, is_mine, is_param,
     loss_info, tape_info, unhold_all, zero_fill, zero_my_param_grads,
 };
+pub(crate) use inplace::{run_inplace, run_inplace_on};
 pub(crate) use managers::{SYSTEM, Stats};
 pub(crate) use records::Cause;
 pub use records::Resource;
