@@ -545,14 +545,16 @@ fn add_strided(acc: &mut [f64], p: isize, s: isize, v: impl Iterator<Item = f64>
     }
 }
 
-/// `acc[p + i*s] = 0` for `i < n`.
+/// `acc[p + i*s] = v_i`.
 #[inline(always)]
-fn fill_strided(acc: &mut [f64], p: isize, s: isize, n: usize) {
+fn set_strided(acc: &mut [f64], p: isize, s: isize, v: impl Iterator<Item = f64>) {
     if s == 1 {
-        acc[p as usize..p as usize + n].fill(0.0);
+        for (a, x) in acc[p as usize..].iter_mut().zip(v) {
+            *a = x;
+        }
     } else {
-        for i in 0..n as isize {
-            acc[(p + i * s) as usize] = 0.0;
+        for (i, x) in v.enumerate() {
+            acc[(p + i as isize * s) as usize] = x;
         }
     }
 }
@@ -624,23 +626,30 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
     // cache for every group, and all of them were zeroed first: `layernorm_big` took
     // 3-9% longer).
     // The parts' element-by-element accumulators (gamma's, then beta's, per part) are
-    // scratch from the buffer pool: no fresh pages to fault in at every call. Each box
-    // zeroes the cells its groups add into before they do; where a parameter also
-    // varies along a kept axis (or `x` is empty), a part's groups need not reach every
-    // cell, so the whole scratch is zeroed first.
+    // scratch from the buffer pool: no fresh pages to fault in at every call. In each box
+    // the part's first group writes the cells the others add into (`first_writes`).
     let (gn, bn) = match per_element {
         true => (sg_into.size, sb_into.size),
         false => (0, 0),
     };
-    // Whether every part's groups reach every cell: none moves along a kept axis, and
-    // `x` has elements (an empty `x` reaches no cell, and its parameters' gradients
-    // are zeros).
-    let reaches_all = l.size() > 0
-        && (0..red.len()).all(|d| red[d] || (strides[3][d] == 0 && strides[4][d] == 0));
+    // Whether a part's first group writes each cell once, before the others add into
+    // it: every group reaches every cell (none moves along a kept axis, and `x` has
+    // elements: an empty `x` reaches no cell, and its parameters' gradients are zeros),
+    // and no two elements of a group share a cell (no parameter is broadcast along a
+    // normalised axis). Else the scratch is zeroed first and every group adds.
+    let first_writes = per_element
+        && l.size() > 0
+        && (0..red.len()).all(|d| {
+            let (g, b) = (strides[3][d], strides[4][d]);
+            match red[d] {
+                true => l.shape.dims()[d] == 1 || (g != 0 && b != 0),
+                false => g == 0 && b == 0,
+            }
+        });
     let mut dgamma = vec![0.0; sg_into.size];
     let mut dbeta = vec![0.0; sb_into.size];
     let partial = with_scratch::<f64, _>(parts * (gn + bn), |acc| {
-        if !reaches_all {
+        if !first_writes {
             acc.fill(0.0);
         }
         let accs: Vec<&mut [f64]> = match gn + bn {
@@ -661,20 +670,8 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
             for_each_box(&gr.nd, inner, |dims, inner, delta| {
                 let at =
                     |a: &[usize; 5]| std::array::from_fn(|k| (a[k] as isize + delta[k]) as usize);
-                if let Some((first, _, _)) = starts.first()
-                    && per_element
-                    && reaches_all
-                {
-                    // Every group of the part adds into the same cells (no kept axis
-                    // moves the accumulators), so they are zeroed once.
-                    let a: [usize; 5] = at(first);
-                    for_each_row(dims, [inner[3], inner[4]], [a[3], a[4]], |o, n, st| {
-                        fill_strided(dg, o[0], st[0], n);
-                        fill_strided(db, o[1], st[1], n);
-                    });
-                }
-                for ((a, mu, rs), lanes) in starts.iter().zip(lanes.iter_mut()) {
-                    let (mu, rs) = (*mu, *rs);
+                for (i, ((a, mu, rs), lanes)) in starts.iter().zip(lanes.iter_mut()).enumerate() {
+                    let (mu, rs, write) = (*mu, *rs, first_writes && i == 0);
                     in_chunks(
                         dims,
                         inner,
@@ -688,8 +685,14 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
                                 load(gamma.data, p[2], st[2], &mut cs[r], |v| v.to_f64());
                                 if per_element {
                                     let gx = xs.iter().zip(ys.iter()).map(|(x, g)| g * x);
-                                    add_strided(dg, p[3], st[3], gx);
-                                    add_strided(db, p[4], st[4], ys.iter().copied());
+                                    let gs = ys.iter().copied();
+                                    if write {
+                                        set_strided(dg, p[3], st[3], gx);
+                                        set_strided(db, p[4], st[4], gs);
+                                    } else {
+                                        add_strided(dg, p[3], st[3], gx);
+                                        add_strided(db, p[4], st[4], gs);
+                                    }
                                 }
                             }
                             Step::Flush(k) => {
