@@ -531,30 +531,22 @@ pub(crate) fn update_running<T: Native>(
     }
 }
 
-/// `acc[p + i*s] += v_i`.
+/// `put(&mut acc[p + i*s], v_i)` (a write or an add, inlined).
 #[inline(always)]
-fn add_strided(acc: &mut [f64], p: isize, s: isize, v: impl Iterator<Item = f64>) {
+fn put_strided(
+    acc: &mut [f64],
+    p: isize,
+    s: isize,
+    v: impl Iterator<Item = f64>,
+    put: impl Fn(&mut f64, f64),
+) {
     if s == 1 {
         for (a, x) in acc[p as usize..].iter_mut().zip(v) {
-            *a += x;
+            put(a, x);
         }
     } else {
         for (i, x) in v.enumerate() {
-            acc[(p + i as isize * s) as usize] += x;
-        }
-    }
-}
-
-/// `acc[p + i*s] = v_i`.
-#[inline(always)]
-fn set_strided(acc: &mut [f64], p: isize, s: isize, v: impl Iterator<Item = f64>) {
-    if s == 1 {
-        for (a, x) in acc[p as usize..].iter_mut().zip(v) {
-            *a = x;
-        }
-    } else {
-        for (i, x) in v.enumerate() {
-            acc[(p + i as isize * s) as usize] = x;
+            put(&mut acc[(p + i as isize * s) as usize], x);
         }
     }
 }
@@ -687,11 +679,13 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
                                     let gx = xs.iter().zip(ys.iter()).map(|(x, g)| g * x);
                                     let gs = ys.iter().copied();
                                     if write {
-                                        set_strided(dg, p[3], st[3], gx);
-                                        set_strided(db, p[4], st[4], gs);
+                                        let set = |a: &mut f64, x| *a = x;
+                                        put_strided(dg, p[3], st[3], gx, set);
+                                        put_strided(db, p[4], st[4], gs, set);
                                     } else {
-                                        add_strided(dg, p[3], st[3], gx);
-                                        add_strided(db, p[4], st[4], gs);
+                                        let add = |a: &mut f64, x| *a += x;
+                                        put_strided(dg, p[3], st[3], gx, add);
+                                        put_strided(db, p[4], st[4], gs, add);
                                     }
                                 }
                             }
