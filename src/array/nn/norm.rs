@@ -204,7 +204,7 @@ impl Backward for NormRule {
 /// One parameter's gradient sum (gamma's or beta's), where the gradient pass computed
 /// it.
 enum ParamSum {
-    Host(Vec<f64>),
+    Host(cpu::PoolVec<f64>),
     #[cfg(feature = "gpu")]
     Device(Option<crate::backend::wgpu::GpuBuffer>),
 }

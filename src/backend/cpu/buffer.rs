@@ -158,6 +158,40 @@ pub(crate) fn new_filled<T: Native>(len: usize, fill: impl FnOnce(&mut [T])) -> 
     Ok(buf)
 }
 
+/// `len` values of `T` in a block from the buffer pool, read and written as a slice: a
+/// kernel's host-side result too large for a fresh `Vec` to be cheap (a `Vec` of
+/// hundreds of KB comes from the system each call and faults in its pages again).
+pub(crate) struct PoolVec<T: Native> {
+    buf: Buffer,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: Native> PoolVec<T> {
+    /// `len` elements, each written by `fill` (the block may hold old values).
+    pub(crate) fn new(len: usize, fill: impl FnOnce(&mut [T])) -> Result<PoolVec<T>> {
+        Ok(PoolVec {
+            buf: new_overwritten::<T>(len, fill)?,
+            _t: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<T: Native> std::ops::Deref for PoolVec<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: the block is owned by `self` and never shared, and a mutable slice of
+        // it exists only through `&mut self`, so none is alive while this one is.
+        unsafe { self.buf.slice::<T>() }
+    }
+}
+
+impl<T: Native> std::ops::DerefMut for PoolVec<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as for `deref`: `&mut self` makes this the only slice of the block.
+        unsafe { self.buf.slice_mut::<T>() }
+    }
+}
+
 /// Run `f` on a scratch slice of `len` elements taken from the buffer pool (not
 /// zeroed: `f` must write before it reads) and return its result; the memory goes
 /// back to the pool, so repeated calls neither zero nor fault in fresh pages.

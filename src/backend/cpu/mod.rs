@@ -46,7 +46,7 @@ pub(crate) mod strided;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use buffer::{Buffer, new_filled, new_overwritten};
+pub(crate) use buffer::{Buffer, PoolVec, new_filled, new_overwritten};
 pub(crate) use elementwise::{assign_binary, assign_unary, map_binary, map_unary, to_vec};
 #[cfg(test)]
 pub(crate) use fork::fork_threads;

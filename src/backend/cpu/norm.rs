@@ -28,7 +28,7 @@
 //! f32 group's mean and variance in one pass, see `group_stats`); the
 //! write passes compute in the input's dtype from per-group values rounded once.
 
-use super::buffer::{Buffer, new_overwritten, with_scratch};
+use super::buffer::{Buffer, PoolVec, new_overwritten, with_scratch};
 use super::fork::{PARALLEL_ELEMS, fork, may_fork};
 use super::simd::widest;
 use super::strided::{Strided, StridedMut};
@@ -555,8 +555,8 @@ fn put_strided(
 /// sums `Σ g * xhat` and `Σ g` into their accumulators (gamma's and beta's gradients).
 pub(crate) struct NormGrad {
     pub dx: Buffer,
-    pub dgamma: Vec<f64>,
-    pub dbeta: Vec<f64>,
+    pub dgamma: PoolVec<f64>,
+    pub dbeta: PoolVec<f64>,
 }
 
 /// Where [`normalize_grad_kernel`] sums one parameter's gradient: the strides, one per
@@ -638,9 +638,7 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
                 false => g == 0 && b == 0,
             }
         });
-    let mut dgamma = vec![0.0; sg_into.size];
-    let mut dbeta = vec![0.0; sb_into.size];
-    let partial = with_scratch::<f64, _>(parts * (gn + bn), |acc| {
+    let (mut dgamma, mut dbeta, partial) = with_scratch::<f64, _>(parts * (gn + bn), |acc| {
         if !first_writes {
             acc.fill(0.0);
         }
@@ -719,16 +717,22 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
             let sums: Vec<[f64; 4]> = lanes.iter().map(|l| l.map(|l| lanes_total(&l))).collect();
             (sums, &*dg, &*db)
         });
-        // The parts' accumulators, added in part order.
-        partial
-            .into_iter()
-            .map(|(sums, dg, db)| {
-                dgamma.iter_mut().zip(dg).for_each(|(a, v)| *a += v);
-                dbeta.iter_mut().zip(db).for_each(|(a, v)| *a += v);
-                sums
+        // The parts' accumulators, added in part order (into blocks from the pool: a
+        // fresh `Vec` of `layernorm_big`'s 512 KB faulted in its pages at every call).
+        let total = |n: usize, gamma: bool| {
+            PoolVec::new(n, |out| {
+                out.fill(0.0);
+                for p in &partial {
+                    let part = if gamma { p.1 } else { p.2 };
+                    out.iter_mut().zip(part).for_each(|(a, v)| *a += v);
+                }
             })
-            .collect::<Vec<_>>()
-    })?;
+        };
+        let dgamma = total(sg_into.size, true)?;
+        let dbeta = total(sb_into.size, false)?;
+        let sums: Vec<_> = partial.into_iter().map(|p| p.0).collect();
+        Ok::<_, crate::error::NdError>((dgamma, dbeta, sums))
+    })??;
     // Per group: mean(dxhat) and mean(dxhat * xhat), 0 with fixed statistics.
     let (mut m1, mut m2) = (Vec::with_capacity(gr.count), Vec::with_capacity(gr.count));
     for (p, sums) in partial.into_iter().enumerate() {

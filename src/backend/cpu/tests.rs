@@ -492,8 +492,8 @@ fn normalisations_split_across_threads_match_a_plain_loop() {
                 mu,
                 v,
                 read::<f32>(&gr.dx),
-                gr.dgamma,
-                gr.dbeta,
+                gr.dgamma.to_vec(),
+                gr.dbeta.to_vec(),
             )
         };
         let pool = rayon::ThreadPoolBuilder::new()
