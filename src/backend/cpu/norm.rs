@@ -719,18 +719,16 @@ pub(crate) fn normalize_grad_kernel<T: Float>(
         });
         // The parts' accumulators, added in part order (into blocks from the pool: a
         // fresh `Vec` of `layernorm_big`'s 512 KB faulted in its pages at every call).
-        let total = |n: usize, gamma: bool| {
-            PoolVec::new(n, |out| {
-                out.fill(0.0);
-                for p in &partial {
-                    let part = if gamma { p.1 } else { p.2 };
-                    out.iter_mut().zip(part).for_each(|(a, v)| *a += v);
-                }
+        let zeros = |n: usize| PoolVec::new(n, |out: &mut [f64]| out.fill(0.0));
+        let (mut dgamma, mut dbeta) = (zeros(sg_into.size)?, zeros(sb_into.size)?);
+        let sums: Vec<_> = partial
+            .into_iter()
+            .map(|(sums, dg, db)| {
+                dgamma.iter_mut().zip(dg).for_each(|(a, v)| *a += v);
+                dbeta.iter_mut().zip(db).for_each(|(a, v)| *a += v);
+                sums
             })
-        };
-        let dgamma = total(sg_into.size, true)?;
-        let dbeta = total(sb_into.size, false)?;
-        let sums: Vec<_> = partial.into_iter().map(|p| p.0).collect();
+            .collect();
         Ok::<_, crate::error::NdError>((dgamma, dbeta, sums))
     })??;
     // Per group: mean(dxhat) and mean(dxhat * xhat), 0 with fixed statistics.
