@@ -114,6 +114,38 @@ fn conv2d_reads_non_contiguous_inputs_and_weights() {
     m.close();
 }
 
+/// The gradient that reaches conv2d's backward may be a strided view (here the
+/// permute's backward of a contiguous [N, oh, ow, O] gradient): both gradient kernels
+/// read it through its strides, with two groups, the same as a contiguous one.
+#[test]
+fn conv2d_gradients_read_a_strided_upstream_gradient() {
+    let m = NDManager::new();
+    let g = vals(&m, &[3, 6, 5, 6], 3);
+    let grads = |strided: bool| {
+        let x = vals(&m, &[3, 4, 5, 6], 1);
+        let w = vals(&m, &[6, 2, 3, 3], 2);
+        for p in [x, w] {
+            p.set_requires_gradient(true);
+        }
+        let gc = GradientCollector::new();
+        let y = x.conv2d(w, None, [1, 1], [1, 1], [1, 1], 2);
+        let loss = if strided {
+            // A contiguous [N, oh, ow, O] copy: y's gradient is its permuted view.
+            let gp = g.permute(&[0, 2, 3, 1]).to_dtype(DType::F64);
+            (y.permute(&[0, 2, 3, 1]) * gp).sum()
+        } else {
+            (y * g).sum()
+        };
+        gc.backward(loss).unwrap();
+        (f64s(x.gradient()), f64s(w.gradient()))
+    };
+    let (dx, dw) = grads(false);
+    let (sdx, sdw) = grads(true);
+    assert_close(&sdx, &dx, 1e-12);
+    assert_close(&sdw, &dw, 1e-12);
+    m.close();
+}
+
 #[test]
 fn conv2d_zero_size_and_depthwise() {
     let m = NDManager::new();
