@@ -479,8 +479,8 @@ pub(crate) fn conv2d_grad_weight_kernel<T: Native>(
                             // gemm's microkernel reads its left operand down columns; G
                             // gathered transposed ([nb*L, O]) has those columns
                             // contiguous, where G as [O, nb*L] would be packed one
-                            // element at a time (3x slower for [32,16,8,8] with 32
-                            // 3x3 filters).
+                            // element at a time (the gemm of [32,16,8,8] with 32 3x3
+                            // filters took 277 µs that way, 182 µs this way).
                             let a = Mat {
                                 data: col,
                                 off: 0,
