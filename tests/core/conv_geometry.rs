@@ -220,6 +220,33 @@ proptest! {
     }
 }
 
+/// A batch large enough that conv2d's kernels split it by samples across the kernel
+/// threads (2.5M multiply-adds each, more than a product worth splitting): an odd
+/// number of samples, so the parts differ in size, with groups, a stride on one axis
+/// and bias. Each part writes its own samples of y and dx and sums its own dW: all must
+/// land where one thread would have put them.
+#[test]
+fn a_batch_split_across_threads_matches_a_direct_loop() {
+    let c = Conv {
+        n: 5,
+        groups: 2,
+        cg: 4,
+        og: 12,
+        h: 24,
+        w: 48,
+        k: [3, 3],
+        s: [1, 2],
+        p: [1, 1],
+        d: [1, 1],
+        bias: true,
+        seed: 29,
+    };
+    run_conv(&c);
+    // Again, on blocks the first run gave back to the pool (holding its values): the
+    // per-part sums must start from zero all the same.
+    run_conv(&Conv { seed: 30, ..c });
+}
+
 /// "Same" convolutions (unit strides, output as large as the input), which im2col
 /// copies as one shifted run per tap, with the wrapped edges zeroed: kernels of 1, 3
 /// and 5, dilations 1 and 2, images down to one row or column, groups and bias.

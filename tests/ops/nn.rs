@@ -176,8 +176,9 @@ fn conv2d_zero_size_and_depthwise() {
 #[test]
 fn conv2d_large_batches_are_chunked_exactly() {
     // [8, 64, 32, 32] with 3x3 kernels: the im2col matrix of the whole batch (576 rows x
-    // 8192 columns) exceeds the kernel's chunk limit, so samples go in two chunks (7 + 1).
-    // Every sample must match its own convolution, in value and gradient.
+    // 8192 columns) exceeds the kernel's chunk limit, so samples go in chunks (7 + 1 on
+    // one thread; with two kernel threads, two parts of 4 samples, each in chunks of 3 +
+    // 1). Every sample must match its own convolution, in value and gradient.
     let m = NDManager::new();
     let x = vals(&m, &[8, 64, 32, 32], 1).set_requires_gradient(true);
     let w = vals(&m, &[2, 64, 3, 3], 2).set_requires_gradient(true);

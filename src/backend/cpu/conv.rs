@@ -2,11 +2,19 @@
 //! its two gradients (input: col2im of `Wᵀ·G`; weight: `G·colᵀ`), each a gemm per group
 //! over chunks of samples. The input is read through its strides (a transposed or sliced
 //! view is not copied first).
+//!
+//! Threads: a kernel worth splitting runs its batch as one range of samples per thread
+//! of the kernel pool, each range from im2col to the result on one thread
+//! ([`sample_parts`]); the forward and the input gradient write disjoint samples, the
+//! weight gradient sums each range apart and adds the sums in order. A batch with fewer
+//! samples than threads splits each step instead, when large enough ([`big`]).
 
 use super::PARALLEL_WORK;
 use super::buffer::{Buffer, new_filled, new_overwritten, with_scratch};
 use super::elementwise::to_vec;
-use super::fork::{CONV_PARALLEL_FLOPS, fork, fork_if, may_fork};
+use super::fork::{
+    CONV_PARALLEL_FLOPS, NoFork, PARALLEL_FLOPS, fork, fork_if, fork_threads, may_fork,
+};
 use super::matmul::matmul_2d;
 use super::simd::widest;
 use super::strided::{Mat, Strided};
@@ -242,20 +250,83 @@ pub(crate) fn col2im<T: Native>(
     }
 }
 
-/// Whether a convolution (or one of its gradients) is worth splitting across threads:
-/// its multiply-adds (`N·O·L·k`, k = C/groups·kh·kw) reach [`CONV_PARALLEL_FLOPS`]. Its
-/// kernel then forks once around all its steps (im2col, gemm, col2im), which split on
-/// the pool they run on; otherwise none of them forks.
-fn big(g: &Geom, o_count: usize, k: usize) -> bool {
+/// A convolution's (or one of its gradients') multiply-adds: `N·O·L·k`, k =
+/// C/groups·kh·kw.
+fn macs(g: &Geom, o_count: usize, k: usize) -> usize {
     g.n.saturating_mul(o_count)
         .saturating_mul(g.l())
         .saturating_mul(k)
-        >= CONV_PARALLEL_FLOPS
 }
 
-/// Samples per im2col chunk.
-fn chunk(g: &Geom, k: usize) -> usize {
-    (COL_LIMIT / (k * g.l()).max(1)).clamp(1, g.n.max(1))
+/// How many parts conv2d's kernels split the batch into, each part a range of samples
+/// run from start to end (im2col, gemm, col2im) by one thread of the kernel pool: one
+/// per thread when the convolution has [`PARALLEL_FLOPS`] multiply-adds (a product
+/// worth splitting), a sample per thread at least, and this thread may fork; else 1.
+///
+/// Split by samples, a kernel forks once, and each thread runs its steps back to back
+/// on its own scratch, with nothing to wait for until its part is done; split step by
+/// step it would wait for the slowest thread after every step. On the Zen 4 machine
+/// (2 vCPUs) `bench --only conv2d` ([32,16,8,8], 32 filters of 3×3, forward and both
+/// gradients) went from 813/814/788 µs on one thread to 502/498/507 µs split by samples
+/// (see BENCHMARKS.md). A batch with fewer samples than threads is split step by step
+/// when [`big`] ([`fork_if`]).
+pub(super) fn sample_parts(g: &Geom, o_count: usize, k: usize) -> usize {
+    if macs(g, o_count, k) < PARALLEL_FLOPS || !may_fork() {
+        return 1;
+    }
+    let threads = fork_threads();
+    if g.n >= threads { threads } else { 1 }
+}
+
+/// Samples of part `i` of `parts` (as even as can be).
+pub(super) fn part_samples(n: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
+    i * n / parts..(i + 1) * n / parts
+}
+
+/// Runs `f(i, piece)` for each of `parts` parts, `piece` being the `i`-th of
+/// consecutive pieces of `out`, `len(i)` elements each. One part runs on this thread,
+/// its steps split across the kernel pool if the convolution is `big`; several run one
+/// per thread of the kernel pool, their steps unsplit.
+fn run_parts<T: Native>(
+    parts: usize,
+    big: bool,
+    out: &mut [T],
+    len: impl Fn(usize) -> usize,
+    f: impl Fn(usize, &mut [T]) -> Result<()> + Sync,
+) -> Result<()> {
+    if parts <= 1 {
+        return fork_if(big, || f(0, out));
+    }
+    let mut pieces = Vec::with_capacity(parts);
+    let mut rest = out;
+    for i in 0..parts {
+        let (piece, tail) = rest.split_at_mut(len(i));
+        pieces.push(piece);
+        rest = tail;
+    }
+    fork(|| {
+        pieces
+            .into_par_iter()
+            .enumerate()
+            .try_for_each(|(i, piece)| {
+                let _whole = NoFork::new();
+                f(i, piece)
+            })
+    })
+}
+
+/// Whether a convolution (or one of its gradients) that runs as one part is worth
+/// splitting step by step: its multiply-adds reach [`CONV_PARALLEL_FLOPS`]. Its kernel
+/// then forks once around all its steps (im2col, gemm, col2im), which split on the
+/// pool they run on; otherwise none of them forks.
+fn big(g: &Geom, o_count: usize, k: usize) -> bool {
+    macs(g, o_count, k) >= CONV_PARALLEL_FLOPS
+}
+
+/// Samples per im2col chunk when the batch runs as `parts` parts at once (their
+/// column matrices together stay under [`COL_LIMIT`]).
+fn chunk(g: &Geom, k: usize, parts: usize) -> usize {
+    (COL_LIMIT / parts / (k * g.l()).max(1)).clamp(1, g.n.max(1))
 }
 
 /// `[N, O, oh, ow]` rows `n0..n0+nb` of `g` (read through its layout) as a contiguous
@@ -349,54 +420,66 @@ pub(crate) fn conv2d_kernel<T: Native>(
     let (cg, og) = (g.c / groups, o_count / groups);
     let k = cg * g.kh * g.kw;
     let lsz = g.l();
-    let total = g.n * o_count * lsz;
+    let per = o_count * lsz;
     let mut owned = Vec::new();
     let (wd, woff) = weight_slice::<T>(w, &mut owned);
     let bias: Option<Vec<T>> = bias.map(|b| to_vec::<T>(b));
     let xd = x.data;
-    let nb_max = chunk(g, k);
-    with_scratch::<T, _>(k * nb_max * lsz, |col| {
-        with_scratch::<T, _>(og * nb_max * lsz, |tmp| {
-            new_overwritten::<T>(total, |out| {
-                if total == 0 {
-                    return;
-                }
-                fork_if(big(g, o_count, k), || {
-                    for n0 in (0..g.n).step_by(nb_max) {
-                        let nb = nb_max.min(g.n - n0);
-                        let ncols = nb * lsz;
-                        for gi in 0..groups {
-                            im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
-                            let a = Mat {
-                                data: wd,
-                                off: (woff + gi * og * k) as isize,
-                                rs: k as isize,
-                                cs: 1,
-                            };
-                            let b = Mat {
-                                data: col,
-                                off: 0,
-                                rs: ncols as isize,
-                                cs: 1,
-                            };
-                            matmul_2d(og, ncols, k, a, b, tmp);
-                            for o in 0..og {
-                                let oc = gi * og + o;
-                                let add = bias.as_ref().map_or(T::ZERO, |b| b[oc]);
-                                for bb in 0..nb {
-                                    let dst = &mut out[((n0 + bb) * o_count + oc) * lsz..][..lsz];
-                                    let src = &tmp[o * ncols + bb * lsz..][..lsz];
-                                    for (d, &s) in dst.iter_mut().zip(src) {
-                                        *d = s.add(add);
-                                    }
+    let parts = sample_parts(g, o_count, k);
+    let nb_max = chunk(g, k, parts);
+    // Samples `r` into `out`, their rows of the result.
+    let part = |r: std::ops::Range<usize>, out: &mut [T]| {
+        with_scratch::<T, _>(k * nb_max * lsz, |col| {
+            with_scratch::<T, _>(og * nb_max * lsz, |tmp| {
+                for n0 in r.clone().step_by(nb_max) {
+                    let nb = nb_max.min(r.end - n0);
+                    let ncols = nb * lsz;
+                    for gi in 0..groups {
+                        im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
+                        let a = Mat {
+                            data: wd,
+                            off: (woff + gi * og * k) as isize,
+                            rs: k as isize,
+                            cs: 1,
+                        };
+                        let b = Mat {
+                            data: col,
+                            off: 0,
+                            rs: ncols as isize,
+                            cs: 1,
+                        };
+                        matmul_2d(og, ncols, k, a, b, tmp);
+                        for o in 0..og {
+                            let oc = gi * og + o;
+                            let add = bias.as_ref().map_or(T::ZERO, |b| b[oc]);
+                            for bb in 0..nb {
+                                let dst = &mut out[((n0 - r.start + bb) * o_count + oc) * lsz..];
+                                let src = &tmp[o * ncols + bb * lsz..][..lsz];
+                                for (d, &s) in dst[..lsz].iter_mut().zip(src) {
+                                    *d = s.add(add);
                                 }
                             }
                         }
                     }
-                })
+                }
             })
         })
-    })??
+        .and_then(|r| r)
+    };
+    let mut result = Ok(());
+    let buf = new_overwritten::<T>(g.n * per, |out| {
+        if out.is_empty() {
+            return;
+        }
+        result = run_parts(
+            parts,
+            big(g, o_count, k),
+            out,
+            |i| part_samples(g.n, parts, i).len() * per,
+            |i, piece| part(part_samples(g.n, parts, i), piece),
+        );
+    })?;
+    result.map(|()| buf)
 }
 
 /// `dx = col2im(Wᵀ · G)` per group and chunk of samples.
@@ -410,44 +493,58 @@ pub(crate) fn conv2d_grad_input_kernel<T: Native>(
     let (cg, og) = (g.c / groups, o_count / groups);
     let k = cg * g.kh * g.kw;
     let lsz = g.l();
+    let per = g.c * g.h * g.w;
     let mut owned = Vec::new();
     let (wd, woff) = weight_slice::<T>(w, &mut owned);
-    let nb_max = chunk(g, k.max(o_count));
-    with_scratch::<T, _>(o_count * nb_max * lsz, |gt| {
-        with_scratch::<T, _>(k * nb_max * lsz, |dcol| {
-            new_filled::<T>(g.n * g.c * g.h * g.w, |dx| {
-                if lsz == 0 || k == 0 {
-                    return;
-                }
-                fork_if(big(g, o_count, k), || {
-                    for n0 in (0..g.n).step_by(nb_max) {
-                        let nb = nb_max.min(g.n - n0);
-                        let ncols = nb * lsz;
-                        gather_grad(gr, n0, nb, lsz, gt);
-                        for gi in 0..groups {
-                            let a = Mat {
-                                data: wd,
-                                off: (woff + gi * og * k) as isize,
-                                rs: 1,
-                                cs: k as isize,
-                            };
-                            let b = Mat {
-                                data: gt,
-                                off: (gi * og * ncols) as isize,
-                                rs: ncols as isize,
-                                cs: 1,
-                            };
-                            matmul_2d(k, ncols, og, a, b, dcol);
-                            col2im(dcol, g, n0, nb, gi * cg, cg, dx);
-                        }
+    let parts = sample_parts(g, o_count, k);
+    let nb_max = chunk(g, k.max(o_count), parts);
+    // Samples `r` into `dx`, their (zeroed) planes of the gradient.
+    let part = |r: std::ops::Range<usize>, dx: &mut [T]| {
+        with_scratch::<T, _>(o_count * nb_max * lsz, |gt| {
+            with_scratch::<T, _>(k * nb_max * lsz, |dcol| {
+                for n0 in r.clone().step_by(nb_max) {
+                    let nb = nb_max.min(r.end - n0);
+                    let ncols = nb * lsz;
+                    gather_grad(gr, n0, nb, lsz, gt);
+                    for gi in 0..groups {
+                        let a = Mat {
+                            data: wd,
+                            off: (woff + gi * og * k) as isize,
+                            rs: 1,
+                            cs: k as isize,
+                        };
+                        let b = Mat {
+                            data: gt,
+                            off: (gi * og * ncols) as isize,
+                            rs: ncols as isize,
+                            cs: 1,
+                        };
+                        matmul_2d(k, ncols, og, a, b, dcol);
+                        col2im(dcol, g, n0 - r.start, nb, gi * cg, cg, dx);
                     }
-                })
+                }
             })
         })
-    })??
+        .and_then(|r| r)
+    };
+    let mut result = Ok(());
+    let buf = new_filled::<T>(g.n * per, |dx| {
+        if lsz == 0 || k == 0 || dx.is_empty() {
+            return;
+        }
+        result = run_parts(
+            parts,
+            big(g, o_count, k),
+            dx,
+            |i| part_samples(g.n, parts, i).len() * per,
+            |i, piece| part(part_samples(g.n, parts, i), piece),
+        );
+    })?;
+    result.map(|()| buf)
 }
 
-/// `dW = G · colᵀ` per group, summed over chunks of samples.
+/// `dW = G · colᵀ` per group, summed over chunks of samples (over parts of the batch
+/// run at once, each into a sum of its own, then those sums in order).
 pub(crate) fn conv2d_grad_weight_kernel<T: Native>(
     x: Strided<'_, T>,
     gr: Strided<'_, T>,
@@ -459,28 +556,27 @@ pub(crate) fn conv2d_grad_weight_kernel<T: Native>(
     let k = cg * g.kh * g.kw;
     let lsz = g.l();
     let xd = x.data;
-    let nb_max = chunk(g, k.max(o_count));
-    let mut tmp = vec![T::ZERO; og * k];
-    with_scratch::<T, _>(o_count * nb_max * lsz, |gt| {
-        with_scratch::<T, _>(k * nb_max * lsz, |col| {
-            new_filled::<T>(o_count * k, |dw| {
-                if lsz == 0 || k == 0 || og == 0 {
-                    return;
-                }
-                fork_if(big(g, o_count, k), || {
-                    for n0 in (0..g.n).step_by(nb_max) {
-                        let nb = nb_max.min(g.n - n0);
+    let parts = sample_parts(g, o_count, k);
+    let nb_max = chunk(g, k.max(o_count), parts);
+    let per = o_count * k;
+    // Samples `r`, their `dW` added into `dw`.
+    let part = |r: std::ops::Range<usize>, dw: &mut [T]| {
+        with_scratch::<T, _>(o_count * nb_max * lsz, |gt| {
+            with_scratch::<T, _>(k * nb_max * lsz, |col| {
+                with_scratch::<T, _>(og * k, |tmp| {
+                    for n0 in r.clone().step_by(nb_max) {
+                        let nb = nb_max.min(r.end - n0);
                         let ncols = nb * lsz;
                         gather_grad_t(gr, n0, nb, lsz, gt);
                         for gi in 0..groups {
                             im2col(xd, x.layout, g, n0, nb, gi * cg, cg, col);
-                            // `dWᵀ = col · Gᵀ` ([k, og], row-major, which gemm computes
-                            // as `dW` column-major: `G · colᵀ` with G its left operand).
-                            // gemm's microkernel reads its left operand down columns; G
-                            // gathered transposed ([nb*L, O]) has those columns
-                            // contiguous, where G as [O, nb*L] would be packed one
-                            // element at a time (the gemm of [32,16,8,8] with 32 3x3
-                            // filters took 277 µs that way, 182 µs this way).
+                            // `dWᵀ = col · Gᵀ` ([k, og], row-major, which gemm
+                            // computes as `dW` column-major: `G · colᵀ` with G its left
+                            // operand). gemm's microkernel reads its left operand down
+                            // columns; G gathered transposed ([nb*L, O]) has those
+                            // columns contiguous, where G as [O, nb*L] would be packed
+                            // one element at a time (the gemm of [32,16,8,8] with 32
+                            // 3x3 filters took 277 µs that way, 182 µs this way).
                             let a = Mat {
                                 data: col,
                                 off: 0,
@@ -493,7 +589,7 @@ pub(crate) fn conv2d_grad_weight_kernel<T: Native>(
                                 rs: o_count as isize,
                                 cs: 1,
                             };
-                            matmul_2d(k, og, ncols, a, b, &mut tmp);
+                            matmul_2d(k, og, ncols, a, b, tmp);
                             let dst = &mut dw[gi * og * k..(gi + 1) * og * k];
                             for (o, row) in dst.chunks_exact_mut(k).enumerate() {
                                 for (r, d) in row.iter_mut().enumerate() {
@@ -504,6 +600,38 @@ pub(crate) fn conv2d_grad_weight_kernel<T: Native>(
                     }
                 })
             })
+            .and_then(|r| r)
         })
-    })??
+        .and_then(|r| r)
+    };
+    let mut result = Ok(());
+    let buf = new_filled::<T>(per, |dw| {
+        if lsz == 0 || k == 0 || og == 0 {
+            return;
+        }
+        if parts <= 1 {
+            result = fork_if(big(g, o_count, k), || part(0..g.n, dw));
+            return;
+        }
+        // One sum per part, then the sums added in part order (the same bits however
+        // the parts were scheduled).
+        // Zeroed sums, dropped once added up.
+        let mut parts_done = Ok(());
+        let sums = new_filled::<T>(parts * per, |sums| {
+            parts_done = run_parts(
+                parts,
+                false,
+                sums,
+                |_| per,
+                |i, sum| part(part_samples(g.n, parts, i), sum),
+            );
+            for sum in sums.chunks_exact(per) {
+                for (d, &s) in dw.iter_mut().zip(sum) {
+                    *d = d.add(s);
+                }
+            }
+        });
+        result = sums.and(parts_done);
+    })?;
+    result.map(|()| buf)
 }

@@ -6,10 +6,12 @@ pub(super) const PARALLEL_ELEMS: usize = 1 << 18;
 /// Multiply-adds above which a matrix product is split across threads.
 pub(super) const PARALLEL_FLOPS: usize = 1 << 21;
 
-/// Multiply-adds above which a convolution or one of its gradients is split across
-/// threads (as a whole: im2col, gemm and col2im). Higher than a lone product's: on 2
-/// vCPUs a [32,16,8,8] 3×3 convolution (9.4M) and its gradients ran 760 µs a step on
-/// one thread and 805 µs forked (`examples/bench --only conv2d`, 2026-12-04).
+/// Multiply-adds above which a convolution or one of its gradients that cannot be split
+/// by samples (fewer samples than threads; see `conv::sample_parts`) is split step by
+/// step (im2col, gemm and col2im each across the threads). Higher than a lone
+/// product's: on 2 vCPUs a [32,16,8,8] 3×3 convolution (9.4M) and its gradients ran
+/// 760 µs a step on one thread and 805 µs split step by step (`examples/bench --only
+/// conv2d`, 2026-12-04).
 pub(super) const CONV_PARALLEL_FLOPS: usize = 1 << 24;
 
 // Large kernels split their work across ndscope's own rayon pool ([`fork`]), never

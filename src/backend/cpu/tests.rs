@@ -713,3 +713,53 @@ fn a_gamma_along_a_kept_axis_sums_right_from_reused_scratch() {
         assert_eq!(got.dbeta[i], g[i] as f64, "dbeta[{i}]");
     }
 }
+
+/// conv2d's kernels split a batch into one range of samples per kernel thread only
+/// when the product is worth splitting, the batch has a sample per thread and the
+/// caller may fork; the ranges cover every sample once, as even as can be.
+#[test]
+fn conv2d_splits_a_batch_into_one_part_per_kernel_thread() {
+    use super::conv::{part_samples, sample_parts};
+    // 8 channels of 16x16, 3x3 kernels, padding 1: 256 positions, k = 72.
+    let geom = |n| crate::backend::window::Geom {
+        n,
+        c: 8,
+        h: 16,
+        w: 16,
+        kh: 3,
+        kw: 3,
+        sh: 1,
+        sw: 1,
+        ph: 1,
+        pw: 1,
+        dh: 1,
+        dw: 1,
+        oh: 16,
+        ow: 16,
+    };
+    let t = fork_threads();
+    assert_eq!(may_fork(), t > 1);
+    // 16 samples x 16 filters x 256 x 72 = 4.7M multiply-adds: split when it can be.
+    assert_eq!(sample_parts(&geom(16), 16, 72), t);
+    // 16 x 1 x 256 x 72 = 295K: too small to split.
+    assert_eq!(sample_parts(&geom(16), 1, 72), 1);
+    // Fewer samples than threads: one part (split step by step, if big).
+    assert_eq!(sample_parts(&geom(t - 1), 1024, 72), 1);
+    {
+        let _locked = NoFork::new();
+        assert_eq!(sample_parts(&geom(16), 16, 72), 1);
+    }
+    for n in 0..12 {
+        for parts in 1..5 {
+            let ranges: Vec<_> = (0..parts).map(|i| part_samples(n, parts, i)).collect();
+            let all: Vec<usize> = ranges.iter().flat_map(|r| r.clone()).collect();
+            assert_eq!(
+                all,
+                (0..n).collect::<Vec<_>>(),
+                "{n} samples in {parts} parts"
+            );
+            let lens = ranges.iter().map(|r| r.len());
+            assert!(lens.clone().max().unwrap() - lens.min().unwrap() <= 1);
+        }
+    }
+}
