@@ -315,6 +315,26 @@ fn run_parts<T: Native>(
     })
 }
 
+/// [`run_parts`] over `out` holding `per` elements a sample: `part(samples, piece)`
+/// with `piece` those samples' elements.
+fn run_samples<T: Native>(
+    g: &Geom,
+    parts: usize,
+    big: bool,
+    per: usize,
+    out: &mut [T],
+    part: impl Fn(std::ops::Range<usize>, &mut [T]) -> Result<()> + Sync,
+) -> Result<()> {
+    let samples = |i| part_samples(g.n, parts, i);
+    run_parts(
+        parts,
+        big,
+        out,
+        |i| samples(i).len() * per,
+        |i, piece| part(samples(i), piece),
+    )
+}
+
 /// Whether a convolution (or one of its gradients) that runs as one part is worth
 /// splitting step by step: its multiply-adds reach [`CONV_PARALLEL_FLOPS`]. Its kernel
 /// then forks once around all its steps (im2col, gemm, col2im), which split on the
@@ -471,13 +491,7 @@ pub(crate) fn conv2d_kernel<T: Native>(
         if out.is_empty() {
             return;
         }
-        result = run_parts(
-            parts,
-            big(g, o_count, k),
-            out,
-            |i| part_samples(g.n, parts, i).len() * per,
-            |i, piece| part(part_samples(g.n, parts, i), piece),
-        );
+        result = run_samples(g, parts, big(g, o_count, k), per, out, part);
     })?;
     result.map(|()| buf)
 }
@@ -532,13 +546,7 @@ pub(crate) fn conv2d_grad_input_kernel<T: Native>(
         if lsz == 0 || k == 0 || dx.is_empty() {
             return;
         }
-        result = run_parts(
-            parts,
-            big(g, o_count, k),
-            dx,
-            |i| part_samples(g.n, parts, i).len() * per,
-            |i, piece| part(part_samples(g.n, parts, i), piece),
-        );
+        result = run_samples(g, parts, big(g, o_count, k), per, dx, part);
     })?;
     result.map(|()| buf)
 }
