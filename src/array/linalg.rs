@@ -23,10 +23,6 @@ use rayon::prelude::*;
 use smallvec::SmallVec;
 use std::panic::Location;
 
-/// Work (multiply-adds) above which independent batches run on several threads, and
-/// per-batch work above which `gemm` parallelises a single product itself.
-const PARALLEL_FLOPS: usize = 1 << 21;
-
 /// An operand seen as a stack of matrices.
 struct MatView<'a> {
     rows: usize,
@@ -228,10 +224,12 @@ fn matmul_impl(
                     return;
                 }
                 let per = mn.saturating_mul(k);
+                // Many products each too small to split itself (`matmul_2d` splits one of
+                // `PARALLEL_FLOPS` or more): the stack is split, a product per task.
                 if offsets.len() > 1
                     && cpu::may_fork()
-                    && per < PARALLEL_FLOPS
-                    && per.saturating_mul(offsets.len()) >= PARALLEL_FLOPS
+                    && per < cpu::PARALLEL_FLOPS
+                    && per.saturating_mul(offsets.len()) >= cpu::PARALLEL_FLOPS
                 {
                     cpu::fork(|| {
                         out.par_chunks_mut(mn)

@@ -3,8 +3,9 @@
 /// Contiguous element counts above which elementwise loops are split across threads.
 pub(super) const PARALLEL_ELEMS: usize = 1 << 18;
 
-/// Multiply-adds above which a matrix product is split across threads.
-pub(super) const PARALLEL_FLOPS: usize = 1 << 21;
+/// Multiply-adds above which a matrix product (or a stack of them) is split across
+/// threads.
+pub(crate) const PARALLEL_FLOPS: usize = 1 << 21;
 
 /// Multiply-adds above which a convolution or one of its gradients that cannot be split
 /// by samples (fewer samples than threads; see `conv::sample_parts`) is split step by

@@ -52,7 +52,7 @@ pub(crate) use elementwise::{assign_binary, assign_unary, map_binary, map_unary,
 pub(crate) use fork::fork_threads;
 #[cfg(test)]
 pub(crate) use fork::forks_handed_over;
-pub(crate) use fork::{NoFork, fork, may_fork};
+pub(crate) use fork::{NoFork, PARALLEL_FLOPS, fork, may_fork};
 pub(crate) use matmul::matmul_2d;
 pub(crate) use reduce::{Accs, prefers_outer, reduce, reduce_outer, sum_row};
 pub(crate) use strided::{Mat, Strided, StridedMut};
