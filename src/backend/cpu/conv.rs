@@ -621,9 +621,8 @@ pub(crate) fn conv2d_grad_weight_kernel<T: Native>(
             result = fork_if(big(g, o_count, k), || part(0..g.n, dw));
             return;
         }
-        // One sum per part, then the sums added in part order (the same bits however
-        // the parts were scheduled).
-        // Zeroed sums, dropped once added up.
+        // One zeroed sum per part, then the sums added in part order (the same bits
+        // however the parts were scheduled); dropped once added up.
         let mut parts_done = Ok(());
         let sums = new_filled::<T>(parts * per, |sums| {
             parts_done = run_parts(
