@@ -458,7 +458,10 @@ fn record_slow(inputs: &[ArrayId], output: ArrayId, rule: &mut dyn FnMut() -> Ru
     if out {
         held.push(output);
     }
-    held.extend(rule.extra());
+    let extra = rule.extra();
+    if !extra.is_empty() {
+        held.extend_from_slice(&extra); // most rules read no further array
+    }
     engine::hold_all(&mut held);
     TAPE.with(|t| {
         let mut t = t.borrow_mut();

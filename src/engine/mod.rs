@@ -189,6 +189,11 @@ pub(crate) fn close_scope(
     if ctx.sh(sid.shard).scopes.get(sid).is_none() {
         return Ok(Vec::new()); // already closed (e.g. by an outer scope)
     }
+    if current_scope() == Some(sid) {
+        // The common case, the innermost scope: the chain is `sid` alone (what
+        // `close_chain` finds first), with no list to build.
+        return Ok(close_then_release(ctx, &[sid], at));
+    }
     let chain = ctx.close_chain(sid)?;
     Ok(close_then_release(ctx, &chain, at))
 }
@@ -204,6 +209,9 @@ fn close_then_release(
     let mut later = Vec::new();
     let resources = ctx.close_scopes(chain, at, &mut later);
     drop(ctx);
+    if later.is_empty() {
+        return resources; // the common case: every array was freed under `ctx`
+    }
     for (id, c, cause) in later {
         lock_needed(&[id.shard], |ctx, out| ctx.free_shards(id, out))
             .drop_registration(id, c, cause, at);
@@ -213,6 +221,22 @@ fn close_then_release(
 
 /// Lock what unlinking `id` from its scopes (and from `also`) touches.
 fn lock_scopes_of(id: ArrayId, also: Option<ScopeId>) -> Ctx {
+    if also.is_none_or(|sid| sid.shard == id.shard) {
+        // The common case: the array and its scopes live in one shard and no scope
+        // lists another shard's array. Checked under that shard's lock alone, with no
+        // list of shards to build.
+        let ctx = lock_record(id);
+        if let Ctx::One(s, sh) = &ctx
+            && also.is_none_or(|sid| scopes::scope_is_local(*s, &sh.scopes, sid))
+            && sh.arrays.get(id).is_none_or(|r| {
+                r.scopes
+                    .iter()
+                    .all(|&(sid, _)| scopes::scope_is_local(*s, &sh.scopes, sid))
+            })
+        {
+            return ctx;
+        }
+    }
     let mut first: Shards = smallvec::smallvec![id.shard];
     if let Some(sid) = also {
         shard::add(&mut first, sid.shard);
@@ -337,6 +361,9 @@ pub(crate) fn live_arrays(managers: &[MgrId]) -> Vec<LiveArray> {
 /// Close resources outside every lock (innermost/most recent first). Every resource
 /// is closed even if one panics; the first panic is then resumed.
 pub(crate) fn close_resources(resources: Vec<Box<dyn Resource>>) {
+    if resources.is_empty() {
+        return; // most scopes own no resource: no unwind guard to set up
+    }
     let mut first_panic = None;
     for mut r in resources {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.close()));
