@@ -763,3 +763,66 @@ fn conv2d_splits_a_batch_into_one_part_per_kernel_thread() {
         }
     }
 }
+
+/// A transposed operand (unit stride down the rows, `Transposed`'s 4×4 blocks) maps to
+/// the same values as the row walk reads: ragged tile edges, batches of planes, a
+/// reversed column axis, every element size (the 4-byte ones through SSE shuffles),
+/// a result of another type, and large planes split across the kernel pool by planes
+/// and by slabs of rows.
+#[test]
+fn transposed_operands_map_in_blocks_to_the_row_walks_values() {
+    /// A [rows, cols] transpose of a row-major [cols, rows] buffer under `batch` planes,
+    /// its columns reversed when `flip`.
+    fn transposed(batch: usize, rows: usize, cols: usize, flip: bool) -> Layout {
+        let mut shape = vec![rows, cols];
+        let mut strides = vec![1, rows as isize];
+        let mut offset = 0;
+        if flip {
+            strides[1] = -(rows as isize);
+            offset = (cols - 1) * rows;
+        }
+        if batch > 1 {
+            shape.insert(0, batch);
+            strides.insert(0, (rows * cols) as isize);
+        }
+        let mut l = layout(&shape, &strides, 0);
+        l.offset = offset;
+        l
+    }
+    fn check<T: Native, U: Native + std::fmt::Debug>(
+        l: &Layout,
+        make: impl Fn(usize) -> T,
+        f: impl Fn(T) -> U + Sync + Send + Copy,
+    ) {
+        let len = l.shape.dims().iter().product::<usize>();
+        // Batch planes follow one another; each plane's buffer is its transpose's.
+        let data: Vec<T> = (0..len + l.offset).map(&make).collect();
+        let x = Strided {
+            data: &data,
+            layout: l,
+        };
+        assert!(
+            super::elementwise::Transposed::of(l).is_some(),
+            "{:?}",
+            l.shape
+        );
+        let want: Vec<U> = to_vec(x).into_iter().map(f).collect();
+        let got = read::<U>(&map_unary::<T, U>(x, f).unwrap());
+        assert_eq!(got, want, "{:?} {:?}", l.shape, l.strides);
+    }
+    let f32s = |i: usize| (i % 1009) as f32 * 0.5 - 7.0;
+    for (batch, rows, cols) in [(1, 4, 4), (1, 5, 7), (1, 33, 70), (2, 37, 41), (3, 64, 36)] {
+        for flip in [false, true] {
+            let l = transposed(batch, rows, cols, flip);
+            check(&l, f32s, |v| v * 3.0);
+            check(&l, |i| i as i32 - 50, |v| v * 2 + 1);
+            check(&l, |i| i as f64 * 0.25, |v| v - 1.0);
+            check(&l, f32s, |v| u8::from(v > 0.0));
+        }
+    }
+    // Large enough to split: one plane by slabs of rows, and several planes by plane.
+    const { assert!(600 * 500 >= PARALLEL_ELEMS && 3 * 300 * 300 >= PARALLEL_ELEMS) };
+    check(&transposed(1, 600, 500, false), f32s, |v| v * 3.0);
+    check(&transposed(1, 600, 500, true), |i| i as f64, |v| v + 0.5);
+    check(&transposed(3, 300, 300, false), f32s, |v| v * 3.0);
+}
