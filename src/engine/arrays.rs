@@ -87,7 +87,7 @@ impl Shard {
     ) -> bool {
         r.scopes
             .iter()
-            .all(|&(sc, _)| super::scopes::scope_is_local(s, scopes, sc))
+            .all(|&(sc, _)| super::records::scope_is_local(s, scopes, sc))
             && match r.store {
                 Store::Own(_) => true,
                 Store::Shared(b) => buffers.get(b).is_none_or(|m| {

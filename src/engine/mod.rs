@@ -227,11 +227,11 @@ fn lock_scopes_of(id: ArrayId, also: Option<ScopeId>) -> Ctx {
         // list of shards to build.
         let ctx = lock_record(id);
         if let Ctx::One(s, sh) = &ctx
-            && also.is_none_or(|sid| scopes::scope_is_local(*s, &sh.scopes, sid))
+            && also.is_none_or(|sid| records::scope_is_local(*s, &sh.scopes, sid))
             && sh.arrays.get(id).is_none_or(|r| {
                 r.scopes
                     .iter()
-                    .all(|&(sid, _)| scopes::scope_is_local(*s, &sh.scopes, sid))
+                    .all(|&(sid, _)| records::scope_is_local(*s, &sh.scopes, sid))
             })
         {
             return ctx;

@@ -9,7 +9,7 @@
 use super::Layout;
 use super::Storage;
 use super::shard::{Ctx, Shard};
-use super::slab::{ArrayId, BufId, MgrId, ScopeId};
+use super::slab::{ArrayId, BufId, MgrId, ScopeId, ScopeK, Slab};
 use crate::DType;
 use crate::Shape;
 use crate::error::{ArrayDesc, CloseReason, ClosedInfo, NdError, SourceLocation};
@@ -207,6 +207,13 @@ pub(crate) struct ScopeRec {
     /// Set on the records of an async task's scope (`crate::task`; see
     /// [`super::scopes::TaskTag`]); `None` for an ordinary scope.
     pub task: Option<Box<super::scopes::TaskTag>>,
+}
+
+/// Whether unlinking an entry of scope `sid` touches shard `s` (whose scope slab is
+/// `scopes`) alone: the scope is `s`'s (or closed) and lists no other shard's array.
+#[inline]
+pub(crate) fn scope_is_local(s: u32, scopes: &Slab<ScopeK, ScopeRec>, sid: ScopeId) -> bool {
+    sid.shard == s && scopes.get(sid).is_none_or(|x| x.foreign.is_empty())
 }
 
 /// Why an array was freed, as recorded on the hot path (expanded into a

@@ -9,7 +9,7 @@
 use super::arrays::RegDrop;
 use super::records::{Cause, Resource, ScopeRec};
 use super::shard::{CURRENT_SCOPE, Ctx, Shards, add};
-use super::slab::{ArrayId, ScopeId, ScopeK, Slab};
+use super::slab::{ArrayId, ScopeId};
 use crate::error::{NdError, Result, SourceLocation, TaskEnd};
 use smallvec::SmallVec;
 
@@ -33,13 +33,6 @@ impl ScopeRec {
             Some(t) => Cause::Task(self.opened_at, t.end),
         }
     }
-}
-
-/// Whether unlinking an entry of scope `sid` touches shard `s` (whose scope slab is
-/// `scopes`) alone: the scope is `s`'s (or closed) and lists no other shard's array.
-#[inline]
-pub(crate) fn scope_is_local(s: u32, scopes: &Slab<ScopeK, ScopeRec>, sid: ScopeId) -> bool {
-    sid.shard == s && scopes.get(sid).is_none_or(|x| x.foreign.is_empty())
 }
 
 pub(crate) fn current_scope() -> Option<ScopeId> {
