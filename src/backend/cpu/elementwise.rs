@@ -218,9 +218,11 @@ impl<'l> Transposed<'l> {
 
 /// The 4×4 block whose column `k` is `runs[k]`, transposed: row `r` holds element `r`
 /// of each run. Four-byte elements go through SSE2's shuffles (the bits are moved,
-/// never computed on), four loads and four stores; LLVM makes sixteen scalar loads and
-/// register spills of the same loop written element by element (1.7x slower, measured
-/// in `Transposed`'s review). Other sizes go element by element.
+/// never computed on): four loads and four stores. Written element by element, LLVM
+/// compiles the same block to sixteen scalar loads and register spills (`perf
+/// annotate`), and `transposed_scale` ran slower: 306–650 µs in six rounds against
+/// 225–253 in five of six with the shuffles (bench/HISTORY.md, 2026-12-07). Other
+/// sizes go element by element.
 #[inline(always)]
 fn transpose4<T: Native>(runs: [&[T; 4]; 4]) -> [[T; 4]; 4] {
     #[cfg(target_arch = "x86_64")]
