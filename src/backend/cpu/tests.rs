@@ -785,9 +785,7 @@ fn transposed_operands_map_in_blocks_to_the_row_walks_values() {
             shape.insert(0, batch);
             strides.insert(0, (rows * cols) as isize);
         }
-        let mut l = layout(&shape, &strides, 0);
-        l.offset = offset;
-        l
+        layout(&shape, &strides, offset)
     }
     fn check<T: Native, U: Native + std::fmt::Debug>(
         l: &Layout,
