@@ -167,7 +167,9 @@ impl<'l> Transposed<'l> {
         }
     }
 
-    /// Rows `first..` of the plane starting at `base`, as many as `out` holds.
+    /// Rows `first..` of the plane starting at `base`, as many as `out` holds: tile by
+    /// tile, the tile's full 4×4 blocks through [`blocks`], then its ragged edge (the
+    /// rows below the blocks and the columns to their right) element by element.
     fn rows_of<T: Native, U: Native>(
         &self,
         src: &[T],
@@ -180,35 +182,18 @@ impl<'l> Transposed<'l> {
         let (cols, cs) = (self.cols, self.col_stride);
         let rows = out.len() / cols;
         // Source element of the plane's row `i` (counted from `first`), column `j`.
-        let at = |i: usize, j: usize| (base + (first + i) as isize + j as isize * cs) as usize;
+        let at = |i: usize, j: usize| base + (first + i) as isize + j as isize * cs;
         for i0 in (0..rows).step_by(Self::TILE) {
             let ie = rows.min(i0 + Self::TILE);
             for j0 in (0..cols).step_by(Self::TILE) {
                 let je = cols.min(j0 + Self::TILE);
-                for i in (i0..ie).step_by(B) {
-                    for j in (j0..je).step_by(B) {
-                        if i + B > ie || j + B > je {
-                            // The tile's ragged edge, element by element.
-                            for r in i..ie.min(i + B) {
-                                for c in j..je.min(j + B) {
-                                    out[r * cols + c] = f(src[at(r, c)]);
-                                }
-                            }
-                            continue;
-                        }
-                        // Column `j + k` of the block: four rows, contiguous in `src`,
-                        // `k` column strides past the block's first element.
-                        let corner = at(i, j) as isize;
-                        let block = transpose4(std::array::from_fn(|k| {
-                            let s = (corner + k as isize * cs) as usize;
-                            src[s..s + B].try_into().expect("a run of B")
-                        }));
-                        for (r, row) in block.iter().enumerate() {
-                            let o = (i + r) * cols + j;
-                            for (v, &x) in out[o..o + B].iter_mut().zip(row) {
-                                *v = f(x);
-                            }
-                        }
+                let (h, w) = ((ie - i0) / B * B, (je - j0) / B * B);
+                let corner = &mut out[i0 * cols + j0..];
+                blocks(src, at(i0, j0), cs, corner, cols, [h, w], f);
+                for r in i0..ie {
+                    let c0 = if r < i0 + h { j0 + w } else { j0 };
+                    for c in c0..je {
+                        out[r * cols + c] = f(src[at(r, c) as usize]);
                     }
                 }
             }
@@ -216,38 +201,95 @@ impl<'l> Transposed<'l> {
     }
 }
 
-/// The 4×4 block whose column `k` is `runs[k]`, transposed: row `r` holds element `r`
-/// of each run. Four-byte elements go through SSE2's shuffles (the bits are moved,
-/// never computed on): four loads and four stores. Written element by element, LLVM
-/// compiles the same block to sixteen scalar loads and register spills (`perf
-/// annotate`), and `transposed_scale` ran slower: 306–650 µs in six rounds against
-/// 225–253 in five of six with the shuffles (bench/HISTORY.md, 2026-12-07). Other
-/// sizes go element by element.
+/// `out[r * stride + c] = f(src[corner + r + c * cs])` for `r < h`, `c < w`, both
+/// multiples of 4: the transposed map in 4×4 blocks, each read as four contiguous runs
+/// down the source's columns and written as four runs along `out`'s rows.
+///
+/// The bounds are checked once: the source indices are affine in `r` and `c`, so the
+/// least and the greatest are at the rectangle's corners. Four-byte elements on x86_64
+/// then go through SSE2's shuffles, which only move bits, and `f` maps each shuffled row
+/// of four, which LLVM compiles to one vector operation for the simple maps (`x * s`).
+/// A loop with a bounds check per block kept its counters on the stack and ran
+/// `transposed_scale` at 285 µs on one thread against 197 for this one (bench/HISTORY.md,
+/// 2026-12-07). Other sizes go element by element.
 #[inline(always)]
-fn transpose4<T: Native>(runs: [&[T; 4]; 4]) -> [[T; 4]; 4] {
+fn blocks<T: Native, U: Native>(
+    src: &[T],
+    corner: isize,
+    cs: isize,
+    out: &mut [U],
+    stride: usize,
+    [h, w]: [usize; 2],
+    f: impl Fn(T) -> U + Copy,
+) {
+    const B: usize = Transposed::BLOCK;
+    debug_assert!(h % B == 0 && w % B == 0);
+    if h == 0 || w == 0 {
+        return;
+    }
+    let reach = (w as isize - 1) * cs;
+    let (lo, hi) = (
+        corner + reach.min(0),
+        corner + h as isize - 1 + reach.max(0),
+    );
+    assert!(
+        lo >= 0 && (hi as usize) < src.len() && (h - 1) * stride + w <= out.len(),
+        "a transposed block runs past its buffer"
+    );
     #[cfg(target_arch = "x86_64")]
     if std::mem::size_of::<T>() == 4 {
         use std::arch::x86_64::{
-            _mm_loadu_ps, _mm_movehl_ps, _mm_movelh_ps, _mm_storeu_ps, _mm_unpackhi_ps,
-            _mm_unpacklo_ps,
+            _mm_loadu_ps, _mm_movehl_ps, _mm_movelh_ps, _mm_unpackhi_ps, _mm_unpacklo_ps,
         };
-        let mut t = [[T::ZERO; 4]; 4];
-        // SAFETY: SSE2 is part of every x86_64 CPU. Each run and each row of `t` is 16
-        // bytes (four 4-byte elements, by their types), read and written unaligned.
-        // The shuffles only move bits, and every bit pattern is a value of each
-        // 4-byte `Native` type (f32, i32).
-        unsafe {
-            let [r0, r1, r2, r3] = runs.map(|r| _mm_loadu_ps(r.as_ptr().cast()));
-            let (t0, t1) = (_mm_unpacklo_ps(r0, r1), _mm_unpacklo_ps(r2, r3));
-            let (t2, t3) = (_mm_unpackhi_ps(r0, r1), _mm_unpackhi_ps(r2, r3));
-            _mm_storeu_ps(t[0].as_mut_ptr().cast(), _mm_movelh_ps(t0, t1));
-            _mm_storeu_ps(t[1].as_mut_ptr().cast(), _mm_movehl_ps(t1, t0));
-            _mm_storeu_ps(t[2].as_mut_ptr().cast(), _mm_movelh_ps(t2, t3));
-            _mm_storeu_ps(t[3].as_mut_ptr().cast(), _mm_movehl_ps(t3, t2));
+        for i in (0..h).step_by(B) {
+            // The strip's first block: rows `i..i + 4`, columns `0..4`; each next block
+            // is four columns on (the last step may point past the source: it is only
+            // wrapped, never read).
+            let mut p = src.as_ptr().wrapping_offset(corner + i as isize);
+            let mut o = out.as_mut_ptr().wrapping_add(i * stride);
+            for _ in 0..w / B {
+                // SAFETY: SSE2 is part of every x86_64 CPU. The block reads the source
+                // indices `corner + r + c * cs` for `r` in `i..i + 4`, `c` in
+                // `j..j + 4` (`j` the columns done), all within `lo..=hi`, checked
+                // against `src.len()` above; each run is four 4-byte elements (by
+                // `T`'s size), read unaligned. It writes `out[(i + k) * stride + j..][..4]`,
+                // within `(h - 1) * stride + w`, checked against `out.len()`, unaligned.
+                // The shuffles only move bits, and every bit pattern is a value of each
+                // 4-byte `Native` type (f32, i32), so the rows are valid `[T; 4]`.
+                unsafe {
+                    let run = |k: isize| _mm_loadu_ps(p.offset(k * cs).cast());
+                    let (r0, r1, r2, r3) = (run(0), run(1), run(2), run(3));
+                    let (t0, t1) = (_mm_unpacklo_ps(r0, r1), _mm_unpacklo_ps(r2, r3));
+                    let (t2, t3) = (_mm_unpackhi_ps(r0, r1), _mm_unpackhi_ps(r2, r3));
+                    let block = [
+                        _mm_movelh_ps(t0, t1),
+                        _mm_movehl_ps(t1, t0),
+                        _mm_movelh_ps(t2, t3),
+                        _mm_movehl_ps(t3, t2),
+                    ];
+                    for (k, v) in block.iter().enumerate() {
+                        let row: [T; B] = std::mem::transmute_copy(v);
+                        o.add(k * stride)
+                            .cast::<[U; B]>()
+                            .write_unaligned(row.map(f));
+                    }
+                }
+                p = p.wrapping_offset(B as isize * cs);
+                o = o.wrapping_add(B);
+            }
         }
-        return t;
+        return;
     }
-    std::array::from_fn(|r| std::array::from_fn(|k| runs[k][r]))
+    for i in (0..h).step_by(B) {
+        for j in (0..w).step_by(B) {
+            for r in i..i + B {
+                let o = r * stride + j;
+                for (c, v) in (j..).zip(&mut out[o..o + B]) {
+                    *v = f(src[(corner + r as isize + c as isize * cs) as usize]);
+                }
+            }
+        }
+    }
 }
 
 /// `out = f(a, b)` with numpy broadcasting into a new contiguous buffer of `shape`.
