@@ -57,7 +57,7 @@ pub(crate) fn map_unary<'a, T: Native, U: Native>(
             return;
         }
         if let Some(plane) = Transposed::of(l) {
-            return plane.map(src, out, f);
+            return plane.map(src, out, Map(f));
         }
         let out_strides = l.shape.contiguous_strides();
         out_rows(
@@ -125,15 +125,10 @@ impl<'l> Transposed<'l> {
             })
     }
 
-    /// `out = f(x)` in row-major order, `out` as long as the layout's size. Planes are
+    /// `out = e(x)` in row-major order, `out` as long as the layout's size. Planes are
     /// split across the kernel pool when large: by planes where there are several, else
     /// by slabs of whole rows.
-    fn map<T: Native, U: Native>(
-        &self,
-        src: &[T],
-        out: &mut [U],
-        f: impl Fn(T) -> U + Sync + Send + Copy,
-    ) {
+    fn map<T: Native, U: Native>(&self, src: &[T], out: &mut [U], e: impl Elem<T, U>) {
         let l = self.layout;
         let nd = l.shape.ndim();
         let plane = self.rows * self.cols;
@@ -146,14 +141,15 @@ impl<'l> Transposed<'l> {
             |off, n, s| bases.extend((0..n as isize).map(|k| off[0] + k * s[0])),
         );
         if out.len() < PARALLEL_ELEMS || !may_fork() {
-            for (o, &b) in out.chunks_mut(plane).zip(&bases) {
-                self.rows_of(src, b, 0, o, f);
+            for (k, (o, &b)) in out.chunks_mut(plane).zip(&bases).enumerate() {
+                self.rows_of(src, b, 0, o, k * plane, e);
             }
         } else if bases.len() > 1 {
             fork(|| {
                 out.par_chunks_mut(plane)
                     .zip(bases.par_iter())
-                    .for_each(|(o, &b)| self.rows_of(src, b, 0, o, f))
+                    .enumerate()
+                    .for_each(|(k, (o, &b))| self.rows_of(src, b, 0, o, k * plane, e))
             });
         } else {
             let rows = (PARALLEL_ELEMS / 4)
@@ -162,21 +158,25 @@ impl<'l> Transposed<'l> {
             fork(|| {
                 out.par_chunks_mut(rows * self.cols)
                     .enumerate()
-                    .for_each(|(k, o)| self.rows_of(src, bases[0], k * rows, o, f))
+                    .for_each(|(k, o)| {
+                        self.rows_of(src, bases[0], k * rows, o, k * rows * self.cols, e)
+                    })
             });
         }
     }
 
-    /// Rows `first..` of the plane starting at `base`, as many as `out` holds: tile by
-    /// tile, the tile's full 4×4 blocks through [`blocks`], then its ragged edge (the
-    /// rows below the blocks and the columns to their right) element by element.
+    /// Rows `first..` of the plane starting at `base`, as many as `out` holds (`out[0]`
+    /// is element `start` of the result): tile by tile, the tile's full 4×4 blocks
+    /// through [`blocks`], then its ragged edge (the rows below the blocks and the
+    /// columns to their right) element by element.
     fn rows_of<T: Native, U: Native>(
         &self,
         src: &[T],
         base: isize,
         first: usize,
         out: &mut [U],
-        f: impl Fn(T) -> U + Copy,
+        start: usize,
+        e: impl Elem<T, U>,
     ) {
         const B: usize = Transposed::BLOCK;
         let (cols, cs) = (self.cols, self.col_stride);
@@ -188,12 +188,14 @@ impl<'l> Transposed<'l> {
             for j0 in (0..cols).step_by(Self::TILE) {
                 let je = cols.min(j0 + Self::TILE);
                 let (h, w) = ((ie - i0) / B * B, (je - j0) / B * B);
-                let corner = &mut out[i0 * cols + j0..];
-                blocks(src, at(i0, j0), cs, corner, cols, [h, w], f);
+                let corner = i0 * cols + j0;
+                let tile = (&mut out[corner..], start + corner);
+                blocks(src, at(i0, j0), cs, tile, cols, [h, w], e);
                 for r in i0..ie {
                     let c0 = if r < i0 + h { j0 + w } else { j0 };
                     for c in c0..je {
-                        out[r * cols + c] = f(src[at(r, c) as usize]);
+                        let o = r * cols + c;
+                        out[o] = e.one(start + o, src[at(r, c) as usize]);
                     }
                 }
             }
@@ -201,13 +203,69 @@ impl<'l> Transposed<'l> {
     }
 }
 
-/// `out[r * stride + c] = f(src[corner + r + c * cs])` for `r < h`, `c < w`, both
-/// multiples of 4: the transposed map in 4×4 blocks, each read as four contiguous runs
-/// down the source's columns and written as four runs along `out`'s rows.
+/// What [`Transposed::map`] writes for each element, from the transposed operand's
+/// value and the element's row-major index in the result (where a zip finds its other
+/// operand's value).
+pub(super) trait Elem<T, U>: Copy + Sync + Send {
+    /// The result's element `at`, of the transposed operand's `x`.
+    fn one(&self, at: usize, x: T) -> U;
+    /// The result's elements `at..at + 4` (along one row), of the transposed operand's.
+    fn four(&self, at: usize, x: [T; 4]) -> [U; 4];
+}
+
+/// A map: `f(x)`.
+#[derive(Clone, Copy)]
+pub(super) struct Map<F>(pub F);
+
+impl<T, U, F: Fn(T) -> U + Copy + Sync + Send> Elem<T, U> for Map<F> {
+    #[inline(always)]
+    fn one(&self, _: usize, x: T) -> U {
+        (self.0)(x)
+    }
+    #[inline(always)]
+    fn four(&self, _: usize, x: [T; 4]) -> [U; 4] {
+        x.map(self.0)
+    }
+}
+
+/// A zip with `other`, an operand of the result's shape laid out like it (contiguous,
+/// from `other[0]`): `f(x, y)`, or `f(y, x)` when the transposed operand is the right
+/// one (`LEFT` false).
+#[derive(Clone, Copy)]
+pub(super) struct Zip<'a, T, F, const LEFT: bool> {
+    pub other: &'a [T],
+    pub f: F,
+}
+
+impl<T: Native, U, F: Fn(T, T) -> U + Copy + Sync + Send, const LEFT: bool> Elem<T, U>
+    for Zip<'_, T, F, LEFT>
+{
+    #[inline(always)]
+    fn one(&self, at: usize, x: T) -> U {
+        let y = self.other[at];
+        if LEFT { (self.f)(x, y) } else { (self.f)(y, x) }
+    }
+    #[inline(always)]
+    fn four(&self, at: usize, x: [T; 4]) -> [U; 4] {
+        let y: &[T; 4] = self.other[at..at + 4].try_into().expect("a run of 4");
+        std::array::from_fn(|k| {
+            if LEFT {
+                (self.f)(x[k], y[k])
+            } else {
+                (self.f)(y[k], x[k])
+            }
+        })
+    }
+}
+
+/// `out[r * stride + c] = e(src[corner + r + c * cs])` for `r < h`, `c < w`, both
+/// multiples of 4 (`tile` is `out` and the result's index of `out[0]`): the transposed
+/// map in 4×4 blocks, each read as four contiguous runs down the source's columns and
+/// written as four runs along `out`'s rows.
 ///
 /// The bounds are checked once: the source indices are affine in `r` and `c`, so the
 /// least and the greatest are at the rectangle's corners. Four-byte elements on x86_64
-/// then go through SSE2's shuffles, which only move bits, and `f` maps each shuffled row
+/// then go through SSE2's shuffles, which only move bits, and `e` maps each shuffled row
 /// of four, which LLVM compiles to one vector operation for the simple maps (`x * s`).
 /// A loop with a bounds check per block kept its counters on the stack and ran
 /// `transposed_scale` at 285 µs on one thread against 197 for this one (bench/HISTORY.md,
@@ -217,10 +275,10 @@ fn blocks<T: Native, U: Native>(
     src: &[T],
     corner: isize,
     cs: isize,
-    out: &mut [U],
+    (out, start): (&mut [U], usize),
     stride: usize,
     [h, w]: [usize; 2],
-    f: impl Fn(T) -> U + Copy,
+    e: impl Elem<T, U>,
 ) {
     const B: usize = Transposed::BLOCK;
     debug_assert!(h % B == 0 && w % B == 0);
@@ -247,7 +305,7 @@ fn blocks<T: Native, U: Native>(
             // wrapped, never read).
             let mut p = src.as_ptr().wrapping_offset(corner + i as isize);
             let mut o = out.as_mut_ptr().wrapping_add(i * stride);
-            for _ in 0..w / B {
+            for j in (0..w).step_by(B) {
                 // SAFETY: SSE2 is part of every x86_64 CPU. The block reads the source
                 // indices `corner + r + c * cs` for `r` in `i..i + 4`, `c` in
                 // `j..j + 4` (`j` the columns done), all within `lo..=hi`, checked
@@ -269,9 +327,10 @@ fn blocks<T: Native, U: Native>(
                     ];
                     for (k, v) in block.iter().enumerate() {
                         let row: [T; B] = std::mem::transmute_copy(v);
+                        let at = start + (i + k) * stride + j;
                         o.add(k * stride)
                             .cast::<[U; B]>()
-                            .write_unaligned(row.map(f));
+                            .write_unaligned(e.four(at, row));
                     }
                 }
                 p = p.wrapping_offset(B as isize * cs);
@@ -285,7 +344,8 @@ fn blocks<T: Native, U: Native>(
             for r in i..i + B {
                 let o = r * stride + j;
                 for (c, v) in (j..).zip(&mut out[o..o + B]) {
-                    *v = f(src[(corner + r as isize + c as isize * cs) as usize]);
+                    let x = src[(corner + r as isize + c as isize * cs) as usize];
+                    *v = e.one(start + o + c - j, x);
                 }
             }
         }
@@ -337,6 +397,18 @@ pub(crate) fn map_binary<'a, 'b, T: Native, U: Native>(
         }
         if lb.shape == *shape && lb.is_contiguous() && la.size() == 1 {
             return binary_row(out, da, oa, 0, db, ob, 1, f);
+        }
+        // A transposed operand and a contiguous one of the result's shape (`a.T + b`):
+        // the transposed one in 4×4 blocks, the other read along the result's rows.
+        if la.shape == *shape && lb.shape == *shape {
+            if let (true, Some(t)) = (lb.is_contiguous(), Transposed::of(la)) {
+                let other = &db[lb.offset..lb.offset + n];
+                return t.map(da, out, Zip::<_, _, true> { other, f });
+            }
+            if let (true, Some(t)) = (la.is_contiguous(), Transposed::of(lb)) {
+                let other = &da[la.offset..la.offset + n];
+                return t.map(db, out, Zip::<_, _, false> { other, f });
+            }
         }
         let out_strides = shape.contiguous_strides();
         let (sa, sb) = (la.broadcast_strides(shape), lb.broadcast_strides(shape));

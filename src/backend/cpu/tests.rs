@@ -765,10 +765,10 @@ fn conv2d_splits_a_batch_into_one_part_per_kernel_thread() {
 }
 
 /// A transposed operand (unit stride down the rows, `Transposed`'s 4×4 blocks) maps to
-/// the same values as the row walk reads: ragged tile edges, batches of planes, a
-/// reversed column axis, every element size (the 4-byte ones through SSE shuffles),
-/// a result of another type, and large planes split across the kernel pool by planes
-/// and by slabs of rows.
+/// the same values as the row walk reads, alone and zipped with a contiguous operand on
+/// either side: ragged tile edges, batches of planes, a reversed column axis, every
+/// element size (the 4-byte ones through SSE shuffles), a result of another type, and
+/// large planes split across the kernel pool by planes and by slabs of rows.
 #[test]
 fn transposed_operands_map_in_blocks_to_the_row_walks_values() {
     /// A [rows, cols] transpose of a row-major [cols, rows] buffer under `batch` planes,
@@ -807,6 +807,22 @@ fn transposed_operands_map_in_blocks_to_the_row_walks_values() {
         let want: Vec<U> = to_vec(x).into_iter().map(f).collect();
         let got = read::<U>(&map_unary::<T, U>(x, f).unwrap());
         assert_eq!(got, want, "{:?} {:?}", l.shape, l.strides);
+        // Zipped with a contiguous operand of the same shape, on the left and the right
+        // (subtraction tells the sides apart).
+        let other: Vec<T> = (0..len).map(|i| make(3 * i + 1)).collect();
+        let flat = Layout::contiguous(l.shape.clone());
+        let y = Strided {
+            data: &other,
+            layout: &flat,
+        };
+        let g = move |a: T, b: T| f(a.sub(b.add(b)));
+        let pairs = || to_vec(x).into_iter().zip(other.iter().copied());
+        let want: Vec<U> = pairs().map(|(a, b)| g(a, b)).collect();
+        let got = read::<U>(&map_binary::<T, U>(x, y, &l.shape, g).unwrap());
+        assert_eq!(got, want, "left {:?} {:?}", l.shape, l.strides);
+        let want: Vec<U> = pairs().map(|(a, b)| g(b, a)).collect();
+        let got = read::<U>(&map_binary::<T, U>(y, x, &l.shape, g).unwrap());
+        assert_eq!(got, want, "right {:?} {:?}", l.shape, l.strides);
     }
     let f32s = |i: usize| (i % 1009) as f32 * 0.5 - 7.0;
     for (batch, rows, cols) in [(1, 4, 4), (1, 5, 7), (1, 33, 70), (2, 37, 41), (3, 64, 36)] {
