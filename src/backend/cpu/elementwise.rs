@@ -206,7 +206,7 @@ impl<'l> Transposed<'l> {
 /// What [`Transposed::map`] writes for each element, from the transposed operand's
 /// value and the element's row-major index in the result (where a zip finds its other
 /// operand's value).
-pub(super) trait Elem<T, U>: Copy + Sync + Send {
+trait Elem<T, U>: Copy + Sync + Send {
     /// The result's element `at`, of the transposed operand's `x`.
     fn one(&self, at: usize, x: T) -> U;
     /// The result's elements `at..at + 4` (along one row), of the transposed operand's.
@@ -215,7 +215,7 @@ pub(super) trait Elem<T, U>: Copy + Sync + Send {
 
 /// A map: `f(x)`.
 #[derive(Clone, Copy)]
-pub(super) struct Map<F>(pub F);
+struct Map<F>(F);
 
 impl<T, U, F: Fn(T) -> U + Copy + Sync + Send> Elem<T, U> for Map<F> {
     #[inline(always)]
@@ -232,9 +232,9 @@ impl<T, U, F: Fn(T) -> U + Copy + Sync + Send> Elem<T, U> for Map<F> {
 /// from `other[0]`): `f(x, y)`, or `f(y, x)` when the transposed operand is the right
 /// one (`LEFT` false).
 #[derive(Clone, Copy)]
-pub(super) struct Zip<'a, T, F, const LEFT: bool> {
-    pub other: &'a [T],
-    pub f: F,
+struct Zip<'a, T, F, const LEFT: bool> {
+    other: &'a [T],
+    f: F,
 }
 
 impl<T: Native, U, F: Fn(T, T) -> U + Copy + Sync + Send, const LEFT: bool> Elem<T, U>
