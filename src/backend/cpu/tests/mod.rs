@@ -23,6 +23,39 @@ fn read<T: Native>(b: &Buffer) -> Vec<T> {
     unsafe { b.slice::<T>() }.to_vec()
 }
 
+/// The contiguous maps run in groups of eight plus a remainder: every length across
+/// two groups, from an offset, with an op whose operands cannot be swapped unseen.
+#[test]
+fn contiguous_maps_cover_every_length_in_groups_and_remainder() {
+    let data: Vec<i32> = (0..40).map(|v| v * v - 3 * v).collect();
+    for n in 0..=19usize {
+        let (a, b, one) = (
+            layout(&[n], &[1], 3),
+            layout(&[n], &[1], 17),
+            layout(&[1], &[1], 5),
+        );
+        let at = |l: &Layout, i: usize| data[l.offset + i];
+        let s = |l| Strided {
+            data: &data,
+            layout: l,
+        };
+        let shape = Shape::from([n]);
+        let g = |x: i32, y: i32| x - 2 * y;
+        let want: Vec<i32> = (0..n).map(|i| g(at(&a, i), at(&b, i))).collect();
+        let got = read::<i32>(&map_binary::<i32, i32>(s(&a), s(&b), &shape, g).unwrap());
+        assert_eq!(got[..n], want[..], "a - 2b, n = {n}");
+        let want: Vec<i32> = (0..n).map(|i| g(at(&a, i), at(&one, 0))).collect();
+        let got = read::<i32>(&map_binary::<i32, i32>(s(&a), s(&one), &shape, g).unwrap());
+        assert_eq!(got[..n], want[..], "a - 2s, n = {n}");
+        let want: Vec<i32> = (0..n).map(|i| g(at(&one, 0), at(&b, i))).collect();
+        let got = read::<i32>(&map_binary::<i32, i32>(s(&one), s(&b), &shape, g).unwrap());
+        assert_eq!(got[..n], want[..], "s - 2b, n = {n}");
+        let want: Vec<i64> = (0..n).map(|i| at(&a, i) as i64 * 3 + 1).collect();
+        let got = read::<i64>(&map_unary::<i32, i64>(s(&a), |x| x as i64 * 3 + 1).unwrap());
+        assert_eq!(got[..n], want[..], "3a + 1, n = {n}");
+    }
+}
+
 #[test]
 fn unary_over_a_reversed_strided_view() {
     // [[0 1 2] [3 4 5]] transposed and the columns reversed: [[2 5] [1 4] [0 3]].
