@@ -23,11 +23,17 @@ pub fn verbose() -> bool {
     match VERBOSE.load(Ordering::Relaxed) {
         ON => true,
         OFF => false,
-        _ => {
-            let on = std::env::var("NDSCOPE_VERBOSE")
-                .is_ok_and(|v| !v.is_empty() && v != "0" && v != "false");
-            set_verbose(on);
-            on
-        }
+        _ => verbose_from_env(),
     }
+}
+
+/// [`verbose`]'s first call: out of line, so every later one is a load and a compare
+/// where it is inlined (twice on each op and close).
+#[cold]
+#[inline(never)]
+fn verbose_from_env() -> bool {
+    let on =
+        std::env::var("NDSCOPE_VERBOSE").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false");
+    set_verbose(on);
+    on
 }

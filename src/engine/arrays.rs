@@ -51,19 +51,6 @@ pub(crate) enum RegDrop {
 }
 
 impl Shard {
-    /// Remove the entry at `pos` of manager `mid`'s array list here, fixing the
-    /// position of the entry moved into its place.
-    fn unlink_from_manager(&mut self, mid: MgrId, pos: usize) {
-        let list = &mut self.entry_mut(mid).arrays;
-        list.swap_remove(pos);
-        if let Some(&moved) = list.get(pos) {
-            self.arrays
-                .get_mut(moved)
-                .expect("listed array is live")
-                .mgr_pos = pos as u32;
-        }
-    }
-
     /// Whether freeing `id` (of this shard) touches no other shard: the fast check
     /// before [`Ctx::free_shards`].
     #[inline]
@@ -258,12 +245,11 @@ impl Ctx {
                 })
             }),
         });
-        sh.entry_mut(mgr).arrays.push(id);
         match shared {
             // A new buffer is charged to its array; a view adds only an array.
-            None => sh.adjust(mgr, 1, 1, new_bytes as isize, 1),
+            None => sh.link(mgr, id, 1, new_bytes as isize, 1),
             Some(b) => {
-                sh.adjust(mgr, 1, 0, 0, 0);
+                sh.link(mgr, id, 0, 0, 0);
                 let meta = sh.buffers.get_mut(b).expect("live buffer");
                 meta.holders.push(id);
             }
@@ -370,8 +356,7 @@ impl Ctx {
         let charged = charge.is_some();
         let bytes = charge.unwrap_or(0) as isize;
         let sh = self.sh(s);
-        sh.unlink_from_manager(from, pos);
-        sh.adjust(from, -1, -(charged as isize), -bytes, 0);
+        sh.unlink(from, pos, -(charged as isize), -bytes);
         let list = &mut sh.entry_mut(to).arrays;
         list.push(id);
         let new_pos = (list.len() - 1) as u32;
@@ -456,22 +441,23 @@ impl Ctx {
         #[cfg(feature = "untracked")]
         let _ = graves;
         arrays.remove_with(id, |_| ());
-        self.sh(s).unlink_from_manager(manager, mgr_pos);
         for &(sid, pos) in &scopes {
             self.scope_unlink_at(sid, pos as usize);
         }
-        match store {
-            Err(bytes) => self.sh(s).adjust(manager, -1, -1, -(bytes as isize), 0),
+        // The charge the array carried, and the holder that takes it over (counted
+        // after the array is uncounted, so no manager's peak sees both at once).
+        let (charged, bytes, heir) = match store {
+            Err(bytes) => (1, bytes, None),
             Ok(b) => match self.remove_holder(b, id) {
-                Some((bytes, next)) => {
-                    self.sh(s).adjust(manager, -1, -1, -(bytes as isize), 0);
-                    if let Some(n) = next {
-                        let nm = self.array_mut(n).manager;
-                        self.sh(n.shard).adjust(nm, 0, 1, bytes as isize, 0);
-                    }
-                }
-                None => self.sh(s).adjust(manager, -1, 0, 0, 0),
+                Some((bytes, next)) => (1, bytes, next),
+                None => (0, 0, None),
             },
+        };
+        self.sh(s)
+            .unlink(manager, mgr_pos, -charged, -(bytes as isize));
+        if let Some(n) = heir {
+            let nm = self.array_mut(n).manager;
+            self.sh(n.shard).adjust(nm, 0, 1, bytes as isize, 0);
         }
         #[cfg(not(feature = "untracked"))]
         {

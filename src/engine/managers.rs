@@ -32,6 +32,20 @@ pub(crate) struct Stats {
     pub allocations: u64,
 }
 
+impl MgrEntry {
+    /// Add deltas to this entry's counters; the parent, whose counters take them next.
+    #[inline(always)]
+    fn count(&mut self, arrays: isize, buffers: isize, bytes: isize, allocs: u64) -> Option<MgrId> {
+        let s = &mut self.stats;
+        s.arrays = s.arrays.wrapping_add_signed(arrays);
+        s.buffers = s.buffers.wrapping_add_signed(buffers);
+        s.bytes = s.bytes.wrapping_add_signed(bytes);
+        s.allocations += allocs;
+        s.peak = s.peak.max(s.bytes);
+        self.parent
+    }
+}
+
 impl Stats {
     fn add(&mut self, o: &Stats) {
         self.arrays += o.arrays;
@@ -265,24 +279,63 @@ impl Shard {
     #[inline]
     pub(crate) fn adjust(
         &mut self,
-        mut mid: MgrId,
+        mid: MgrId,
         arrays: isize,
         buffers: isize,
         bytes: isize,
         allocs: u64,
     ) {
-        loop {
-            let e = self.entry_mut(mid);
-            let s = &mut e.stats;
-            s.arrays = s.arrays.wrapping_add_signed(arrays);
-            s.buffers = s.buffers.wrapping_add_signed(buffers);
-            s.bytes = s.bytes.wrapping_add_signed(bytes);
-            s.allocations += allocs;
-            s.peak = s.peak.max(s.bytes);
-            match e.parent {
-                Some(p) => mid = p,
-                None => return,
-            }
+        self.count_from(Some(mid), arrays, buffers, bytes, allocs);
+    }
+
+    /// [`Shard::adjust`] from `next` up (nothing for `None`).
+    #[inline(always)]
+    fn count_from(
+        &mut self,
+        mut next: Option<MgrId>,
+        arrays: isize,
+        buffers: isize,
+        bytes: isize,
+        allocs: u64,
+    ) {
+        while let Some(mid) = next {
+            next = self.entry_mut(mid).count(arrays, buffers, bytes, allocs);
+        }
+    }
+
+    /// List a new array `id` under `mgr` (whose entry exists: [`Shard::accepts`]) and
+    /// count it there and above, `buffers`, `bytes` and `allocs` with it. One look-up
+    /// of the entry serves the list and the first counters.
+    #[inline(always)]
+    pub(crate) fn link(
+        &mut self,
+        mgr: MgrId,
+        id: ArrayId,
+        buffers: isize,
+        bytes: isize,
+        allocs: u64,
+    ) {
+        let e = self.entry_mut(mgr);
+        e.arrays.push(id);
+        let up = e.count(1, buffers, bytes, allocs);
+        self.count_from(up, 1, buffers, bytes, allocs);
+    }
+
+    /// Take the array at `pos` of `mgr`'s list out of it (the last one moves into its
+    /// place, and its record learns the position) and uncount it there and above,
+    /// `buffers` and `bytes` (signed deltas) with it.
+    #[inline(always)]
+    pub(crate) fn unlink(&mut self, mgr: MgrId, pos: usize, buffers: isize, bytes: isize) {
+        let e = self.entry_mut(mgr);
+        e.arrays.swap_remove(pos);
+        let moved = e.arrays.get(pos).copied();
+        let up = e.count(-1, buffers, bytes, 0);
+        self.count_from(up, -1, buffers, bytes, 0);
+        if let Some(moved) = moved {
+            self.arrays
+                .get_mut(moved)
+                .expect("listed array is live")
+                .mgr_pos = pos as u32;
         }
     }
 }
