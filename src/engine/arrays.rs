@@ -245,15 +245,17 @@ impl Ctx {
                 })
             }),
         });
-        match shared {
+        let pos = match shared {
             // A new buffer is charged to its array; a view adds only an array.
             None => sh.link(mgr, id, 1, new_bytes as isize, 1),
             Some(b) => {
-                sh.link(mgr, id, 0, 0, 0);
+                let pos = sh.link(mgr, id, 0, 0, 0);
                 let meta = sh.buffers.get_mut(b).expect("live buffer");
                 meta.holders.push(id);
+                pos
             }
-        }
+        };
+        debug_assert_eq!(pos, mgr_pos, "the record's position in its manager's list");
         if let Some(scope) = CURRENT_SCOPE.with(|c| c.get()) {
             self.register(scope, id);
         }
@@ -357,13 +359,10 @@ impl Ctx {
         let bytes = charge.unwrap_or(0) as isize;
         let sh = self.sh(s);
         sh.unlink(from, pos, -(charged as isize), -bytes);
-        let list = &mut sh.entry_mut(to).arrays;
-        list.push(id);
-        let new_pos = (list.len() - 1) as u32;
+        let new_pos = sh.link(to, id, charged as isize, bytes, 0);
         let r = sh.arrays.get_mut(id).expect("checked");
         r.manager = to;
         r.mgr_pos = new_pos;
-        sh.adjust(to, 1, charged as isize, bytes, 0);
         Ok(())
     }
 

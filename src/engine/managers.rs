@@ -303,9 +303,9 @@ impl Shard {
         }
     }
 
-    /// List a new array `id` under `mgr` (whose entry exists: [`Shard::accepts`]) and
-    /// count it there and above, `buffers`, `bytes` and `allocs` with it. One look-up
-    /// of the entry serves the list and the first counters.
+    /// List array `id` under `mgr` (whose entry exists: [`Shard::accepts`]) and count
+    /// it there and above, `buffers`, `bytes` and `allocs` with it; its position in the
+    /// list. One look-up of the entry serves the list and the first counters.
     #[inline(always)]
     pub(crate) fn link(
         &mut self,
@@ -314,11 +314,13 @@ impl Shard {
         buffers: isize,
         bytes: isize,
         allocs: u64,
-    ) {
+    ) -> u32 {
         let e = self.entry_mut(mgr);
         e.arrays.push(id);
+        let pos = (e.arrays.len() - 1) as u32;
         let up = e.count(1, buffers, bytes, allocs);
         self.count_from(up, 1, buffers, bytes, allocs);
+        pos
     }
 
     /// Take the array at `pos` of `mgr`'s list out of it (the last one moves into its
