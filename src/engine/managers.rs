@@ -330,6 +330,7 @@ impl Shard {
     pub(crate) fn unlink(&mut self, mgr: MgrId, pos: usize, buffers: isize, bytes: isize) {
         let e = self.entry_mut(mgr);
         e.arrays.swap_remove(pos);
+        super::slab::shrink(&mut e.arrays);
         let moved = e.arrays.get(pos).copied();
         let up = e.count(-1, buffers, bytes, 0);
         self.count_from(up, -1, buffers, bytes, 0);

@@ -80,6 +80,7 @@ impl Ctx {
             return;
         };
         scope.arrays.swap_remove(pos);
+        super::slab::shrink(&mut scope.arrays);
         if let Some(&moved) = scope.arrays.get(pos) {
             let r = self.array_mut(moved);
             if let Some(e) = r.scopes.iter_mut().find(|(s, _)| *s == sid) {

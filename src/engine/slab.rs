@@ -12,6 +12,16 @@
 //! Freed slots are reused last-in-first-out, so the slot a new array gets is the one
 //! just freed and still in cache.
 //!
+//! A slab gives its memory back as its entries go: its last slot is always live. A
+//! remove of the last slot drops it, and the vacant slots below it with it, and a
+//! vector left at a quarter of its capacity shrinks to half. A million short-lived
+//! arrays thus leave no million slots behind once they are freed, in whatever order.
+//! Only the tail can go, since ids name slot indices: a slot that outlives a burst
+//! keeps the slots below it (they are reused first). Serials stay unique, so an index
+//! handed out again after its slot was dropped never meets an old id's serial. In a
+//! steady loop whose result takes the last slot, the slot is dropped and pushed again
+//! instead of listed free and reused: the same work.
+//!
 //! Tombstones do not live in the slots: a freed entry's description goes to a
 //! [`Graveyard`], a ring of the most recent ones, searched only when a stale id is used
 //! (an error path). The hot path therefore writes one ring entry per free and never
@@ -121,8 +131,15 @@ struct Slot<L> {
 }
 
 pub(crate) struct Slab<K, L> {
+    /// The last one, if any, is live.
     slots: Vec<Slot<L>>,
+    /// The vacant slots, most recently vacated last. An entry at or above
+    /// `slots.len()` is stale (its slot went with the tail) and is skipped when
+    /// popped. The slab only grows when this list is empty, so a stale entry never
+    /// comes to name a slot again.
     free: Vec<u32>,
+    /// How many entries of `free` are stale.
+    stale: usize,
     live: usize,
     shard: u32,
     serials: &'static Serials,
@@ -137,6 +154,7 @@ impl<K, L> Slab<K, L> {
         Slab {
             slots: Vec::new(),
             free: Vec::new(),
+            stale: 0,
             live: 0,
             shard,
             serials,
@@ -176,15 +194,18 @@ impl<K, L> Slab<K, L> {
     pub(crate) fn insert_with(&mut self, make: impl FnOnce() -> L) -> Id<K> {
         self.live += 1;
         let serial = self.serial();
-        let index = match self.free.pop() {
-            Some(index) => index,
-            None => {
-                let index = u32::try_from(self.slots.len()).expect("more than 2^32 live ids");
-                self.slots.push(Slot {
-                    serial: 0,
-                    value: None,
-                });
-                index
+        let index = loop {
+            match self.free.pop() {
+                Some(index) if (index as usize) < self.slots.len() => break index,
+                Some(_) => self.stale -= 1, // its slot went with the tail
+                None => {
+                    let index = u32::try_from(self.slots.len()).expect("more than 2^32 live ids");
+                    self.slots.push(Slot {
+                        serial: 0,
+                        value: None,
+                    });
+                    break index;
+                }
             }
         };
         let slot = &mut self.slots[index as usize];
@@ -224,8 +245,7 @@ impl<K, L> Slab<K, L> {
             return None;
         }
         let v = slot.value.take()?;
-        self.live -= 1;
-        self.free.push(id.index);
+        self.vacated(id.index);
         Some(v)
     }
 
@@ -244,20 +264,65 @@ impl<K, L> Slab<K, L> {
         }
         let kept = take(slot.value.as_mut()?);
         slot.value = None;
-        self.live -= 1;
-        self.free.push(id.index);
+        self.vacated(id.index);
         Some(kept)
+    }
+
+    /// Slot `index` was just emptied: list it free, or drop it if it is the last one
+    /// (with the vacant slots below it, and the spare capacity of a shrunken slab).
+    #[inline(always)]
+    fn vacated(&mut self, index: u32) {
+        self.live -= 1;
+        if index as usize + 1 != self.slots.len() {
+            self.free.push(index);
+            return;
+        }
+        self.slots.pop();
+        if self.slots.last().is_some_and(|s| s.value.is_none()) || oversized(&self.slots) {
+            self.give_back();
+        }
+    }
+
+    /// Drop the vacant tail, the free list's stale entries once they are half of it,
+    /// and the vectors' capacity beyond twice their length once it passes four times.
+    /// Each dropped slot was pushed once and each stale entry is dropped once, so this
+    /// costs O(1) a remove, amortised.
+    #[cold]
+    #[inline(never)]
+    fn give_back(&mut self) {
+        while self.slots.last().is_some_and(|s| s.value.is_none()) {
+            self.slots.pop();
+            self.stale += 1; // it was listed free
+        }
+        let n = self.slots.len();
+        if self.stale > self.free.len() / 2 {
+            self.free.retain(|&i| (i as usize) < n);
+            self.stale = 0;
+        }
+        shrink(&mut self.slots);
+        shrink(&mut self.free);
     }
 
     pub(crate) fn len(&self) -> usize {
         self.live
     }
+}
 
-    /// Number of slots ever allocated (live, free and retired).
-    #[cfg(test)]
-    pub(crate) fn capacity_used(&self) -> usize {
-        self.slots.len()
+/// A list's memory follows it down: once a vector holds under a quarter of its
+/// capacity (and more than 64 slots of capacity), its capacity halves to twice its
+/// length. Growth doubles and this halves, so a list that swings about one length
+/// never reallocates, and one left small after a burst gives the burst's memory back.
+#[inline]
+pub(crate) fn shrink<T>(v: &mut Vec<T>) {
+    if oversized(v) {
+        v.shrink_to(v.len() * 2);
     }
+}
+
+/// Whether [`shrink`] would shrink `v`.
+#[inline(always)]
+fn oversized<T>(v: &Vec<T>) -> bool {
+    v.capacity() > 64 && v.len() < v.capacity() / 4
 }
 
 /// The descriptions of the last `capacity` freed entries: a fixed ring overwritten in
@@ -311,6 +376,18 @@ mod tests {
 
     static S: Serials = Serials::new();
 
+    impl<K, L> Slab<K, L> {
+        /// Number of slots held (live and vacant).
+        pub(crate) fn capacity_used(&self) -> usize {
+            self.slots.len()
+        }
+
+        /// The memory the slab holds: slot and free-list capacity, in bytes.
+        pub(crate) fn bytes_held(&self) -> usize {
+            self.slots.capacity() * std::mem::size_of::<Slot<L>>() + self.free.capacity() * 4
+        }
+    }
+
     #[test]
     fn stale_ids_never_reach_new_entries() {
         let mut s: Slab<ArrayK, u32> = Slab::new(0, &S);
@@ -328,12 +405,218 @@ mod tests {
     #[test]
     fn churn_stays_in_one_slot() {
         let mut s: Slab<ArrayK, u32> = Slab::new(0, &S);
+        let keep = s.insert(7);
         for i in 0..1000 {
             let id = s.insert(i);
+            assert_eq!(id.index, 1, "the slot just dropped is pushed again");
             s.remove(id);
+            let id = s.insert(i);
+            let mid = s.insert(i);
+            s.remove(id); // listed free: not the last slot
+            s.remove(mid);
         }
         assert_eq!(s.capacity_used(), 1);
-        assert_eq!(s.len(), 0);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.get(keep), Some(&7));
+    }
+
+    /// Checks what the slab promises after every step: the last slot is live, the
+    /// free list names each vacant slot once and its stale entries (at or above the
+    /// length) number `stale`, and a vector holds at most four times its length
+    /// beyond 64 slots of capacity.
+    fn check_invariants(s: &Slab<ArrayK, u32>) {
+        if let Some(last) = s.slots.last() {
+            assert!(last.value.is_some(), "the last slot is live");
+        }
+        let n = s.slots.len();
+        let mut listed = vec![false; n];
+        let mut stale = 0;
+        for &i in &s.free {
+            let i = i as usize;
+            if i >= n {
+                stale += 1;
+                continue;
+            }
+            assert!(s.slots[i].value.is_none(), "free slot {i} is vacant");
+            assert!(!listed[i], "slot {i} listed free twice");
+            listed[i] = true;
+        }
+        assert_eq!(stale, s.stale);
+        let vacant = s.slots.iter().filter(|x| x.value.is_none()).count();
+        assert_eq!(s.free.len() - stale, vacant, "every vacant slot is listed");
+        assert_eq!(n - vacant, s.live);
+        for cap in [s.slots.capacity(), s.free.capacity()] {
+            assert!(
+                cap <= 64 || cap <= 4 * n.max(s.free.len()) + 4,
+                "capacity {cap}"
+            );
+        }
+    }
+
+    /// A small deterministic generator (xorshift), so the orders repeat.
+    fn xorshift(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    #[test]
+    fn a_burst_gives_its_slots_back_in_any_order() {
+        for order in ["created", "reversed", "shuffled"] {
+            let mut s: Slab<ArrayK, u32> = Slab::new(0, &S);
+            let keep = s.insert(u32::MAX);
+            let empty = s.bytes_held();
+            let mut ids: Vec<_> = (0..10_000).map(|i| s.insert(i)).collect();
+            assert!(s.bytes_held() > 100 * empty.max(64));
+            match order {
+                "reversed" => ids.reverse(),
+                "shuffled" => {
+                    let mut st = 0x9E37_79B9_7F4A_7C15;
+                    for i in (1..ids.len()).rev() {
+                        ids.swap(i, xorshift(&mut st) as usize % (i + 1));
+                    }
+                }
+                _ => {}
+            }
+            for (k, &id) in ids.iter().enumerate() {
+                assert!(s.remove(id).is_some());
+                if k % 997 == 0 {
+                    check_invariants(&s);
+                }
+            }
+            check_invariants(&s);
+            assert_eq!(
+                s.capacity_used(),
+                1,
+                "{order}: only the survivor's slot stays"
+            );
+            assert!(s.bytes_held() <= 64 * std::mem::size_of::<Slot<u32>>() + 64 * 4);
+            assert_eq!(s.get(keep), Some(&u32::MAX));
+            // Old ids stay dead, and the slots handed out again are fresh ones.
+            assert!(
+                ids.iter()
+                    .all(|&id| s.get(id).is_none() && s.remove(id).is_none())
+            );
+            let again: Vec<_> = (0..100).map(|i| s.insert(i)).collect();
+            assert!(again.iter().all(|a| !ids.contains(a) && a.index >= 1));
+            assert!(again.iter().zip(0..).all(|(&a, i)| s.get(a) == Some(&i)));
+            check_invariants(&s);
+        }
+    }
+
+    #[test]
+    fn a_survivor_keeps_the_slots_below_it_and_they_are_reused_first() {
+        let mut s: Slab<ArrayK, u32> = Slab::new(0, &S);
+        let ids: Vec<_> = (0..10_000).map(|i| s.insert(i)).collect();
+        let survivor = ids[5_000];
+        for &id in ids.iter().filter(|&&id| id != survivor) {
+            s.remove(id);
+        }
+        check_invariants(&s);
+        assert_eq!(s.capacity_used(), 5_001);
+        // The 5,000 vacant slots below the survivor are reused before the slab grows,
+        // never the survivor's, and each once.
+        let again: Vec<_> = (0..5_000).map(|i| s.insert(i + 20_000)).collect();
+        assert_eq!(s.capacity_used(), 5_001);
+        check_invariants(&s);
+        assert_eq!(s.get(survivor), Some(&5_000));
+        assert!(
+            again
+                .iter()
+                .zip(20_000..)
+                .all(|(&a, i)| s.get(a) == Some(&i))
+        );
+        assert_eq!(s.insert(0).index, 5_001, "then it grows");
+    }
+
+    #[test]
+    fn random_inserts_and_removes_keep_the_slab_true() {
+        let mut s: Slab<ArrayK, u32> = Slab::new(0, &S);
+        let mut model: Vec<(ArrayId, u32)> = Vec::new();
+        let mut st = 0x2545_F491_4F6C_DD1D;
+        for step in 0..40_000u32 {
+            // Phases of growth and of shrinking, so the tail swings both ways.
+            let grow = (step / 5_000) % 2 == 0;
+            let r = xorshift(&mut st);
+            if model.is_empty() || (r % 10 < 7) == grow {
+                model.push((s.insert(step), step));
+            } else {
+                let (id, v) = model.swap_remove(r as usize / 10 % model.len());
+                assert_eq!(s.remove(id), Some(v));
+                assert_eq!(s.remove(id), None);
+            }
+            if step % 1_000 == 0 {
+                check_invariants(&s);
+                assert!(model.iter().all(|&(id, v)| s.get(id) == Some(&v)));
+            }
+        }
+        for (id, v) in model.drain(..) {
+            assert_eq!(s.remove(id), Some(v));
+        }
+        check_invariants(&s);
+        assert_eq!((s.capacity_used(), s.len()), (0, 0));
+    }
+
+    /// The engine's slabs and lists give a burst's memory back: a closed manager's
+    /// million-array burst (here 50,000) leaves its shard's array slab as it was, and
+    /// a long-lived manager's list shrinks as its arrays are closed one by one.
+    #[test]
+    fn a_freed_burst_leaves_the_engine_as_it_was() {
+        use crate::{DType, NDManager};
+        let me = super::super::shard::my_shard();
+        let held = || super::super::shard::shard(me).read().arrays.bytes_held();
+        let m = NDManager::new();
+        let a = m.zeros([2], DType::F32);
+        let before = held();
+        let burst = NDManager::new();
+        for _ in 0..50_000 {
+            burst.zeros([1], DType::F32);
+        }
+        assert!(held() > before + 50_000 * 100);
+        burst.close();
+        assert!(
+            held() <= before.max(64 * 256),
+            "{} against {before}",
+            held()
+        );
+        let list_cap = || {
+            let sh = super::super::shard::shard(me).read();
+            sh.entry_ref(m.id).map_or(0, |e| e.arrays.capacity())
+        };
+        let xs: Vec<_> = (0..50_000).map(|_| m.zeros([1], DType::F32)).collect();
+        assert!(list_cap() >= 50_000);
+        for x in xs {
+            x.close();
+        }
+        assert!(
+            list_cap() <= 64,
+            "the manager's list shrank to {}",
+            list_cap()
+        );
+        assert!(held() <= before.max(64 * 256));
+        // So does an open scope's list.
+        let scope = crate::NDScope::new();
+        let sid = super::super::shard::CURRENT_SCOPE
+            .with(|c| c.get())
+            .expect("open");
+        let scope_cap = || {
+            let sh = super::super::shard::shard(sid.shard).read();
+            sh.scopes.get(sid).map_or(0, |r| r.arrays.capacity())
+        };
+        let xs: Vec<_> = (0..50_000).map(|_| m.zeros([1], DType::F32)).collect();
+        assert!(scope_cap() >= 50_000);
+        for x in xs {
+            x.close();
+        }
+        assert!(
+            scope_cap() <= 64,
+            "the scope's list shrank to {}",
+            scope_cap()
+        );
+        drop(scope);
+        assert_eq!(a.to_vec::<f32>().unwrap(), vec![0.0; 2]);
+        m.close();
     }
 
     #[test]
