@@ -12,15 +12,16 @@
 //! Freed slots are reused last-in-first-out, so the slot a new array gets is the one
 //! just freed and still in cache.
 //!
-//! A slab gives its memory back as its entries go: its last slot is always live. A
-//! remove of the last slot drops it, and the vacant slots below it with it, and a
-//! vector left at a quarter of its capacity shrinks to half. A million short-lived
+//! A slab gives its memory back as its entries go: at most one vacant slot lies above
+//! its last live one. A remove that would leave two drops the whole vacant tail, and
+//! a vector left at a quarter of its capacity shrinks to half. A million short-lived
 //! arrays thus leave no million slots behind once they are freed, in whatever order.
 //! Only the tail can go, since ids name slot indices: a slot that outlives a burst
 //! keeps the slots below it (they are reused first). Serials stay unique, so an index
-//! handed out again after its slot was dropped never meets an old id's serial. In a
-//! steady loop whose result takes the last slot, the slot is dropped and pushed again
-//! instead of listed free and reused: the same work.
+//! handed out again after its slot was dropped never meets an old id's serial. One
+//! vacant slot may stay so that a steady loop whose result takes the last slot reuses
+//! it from the free list, as any other, instead of dropping and pushing it (a slot is
+//! moved whole: a 232-byte copy for an array's).
 //!
 //! Tombstones do not live in the slots: a freed entry's description goes to a
 //! [`Graveyard`], a ring of the most recent ones, searched only when a stale id is used
@@ -131,7 +132,7 @@ struct Slot<L> {
 }
 
 pub(crate) struct Slab<K, L> {
-    /// The last one, if any, is live.
+    /// At most one vacant slot lies above the last live one.
     slots: Vec<Slot<L>>,
     /// The vacant slots, most recently vacated last. An entry at or above
     /// `slots.len()` is stale (its slot went with the tail) and is skipped when
@@ -268,17 +269,19 @@ impl<K, L> Slab<K, L> {
         Some(kept)
     }
 
-    /// Slot `index` was just emptied: list it free, or drop it if it is the last one
-    /// (with the vacant slots below it, and the spare capacity of a shrunken slab).
+    /// Slot `index` was just emptied: list it free, and give the vacant tail back if it
+    /// is now two slots long (only a remove of one of the last two slots can make it
+    /// so: the slot below a vacant last one is live).
     #[inline(always)]
     fn vacated(&mut self, index: u32) {
         self.live -= 1;
-        if index as usize + 1 != self.slots.len() {
-            self.free.push(index);
-            return;
-        }
-        self.slots.pop();
-        if self.slots.last().is_some_and(|s| s.value.is_none()) || oversized(&self.slots) {
+        self.free.push(index);
+        let n = self.slots.len();
+        if index as usize + 2 >= n
+            && n >= 2
+            && self.slots[n - 1].value.is_none()
+            && self.slots[n - 2].value.is_none()
+        {
             self.give_back();
         }
     }
@@ -286,12 +289,13 @@ impl<K, L> Slab<K, L> {
     /// Drop the vacant tail, the free list's stale entries once they are half of it,
     /// and the vectors' capacity beyond twice their length once it passes four times.
     /// Each dropped slot was pushed once and each stale entry is dropped once, so this
-    /// costs O(1) a remove, amortised.
+    /// costs O(1) a remove, amortised. (`truncate` drops a slot in place; `pop` would
+    /// move it out whole.)
     #[cold]
     #[inline(never)]
     fn give_back(&mut self) {
         while self.slots.last().is_some_and(|s| s.value.is_none()) {
-            self.slots.pop();
+            self.slots.truncate(self.slots.len() - 1);
             self.stale += 1; // it was listed free
         }
         let n = self.slots.len();
@@ -408,8 +412,9 @@ mod tests {
         let keep = s.insert(7);
         for i in 0..1000 {
             let id = s.insert(i);
-            assert_eq!(id.index, 1, "the slot just dropped is pushed again");
+            assert_eq!(id.index, 1, "the slot just vacated is reused");
             s.remove(id);
+            assert_eq!(s.capacity_used(), 2, "one vacant slot stays");
             let id = s.insert(i);
             let mid = s.insert(i);
             s.remove(id); // listed free: not the last slot
@@ -420,14 +425,19 @@ mod tests {
         assert_eq!(s.get(keep), Some(&7));
     }
 
-    /// Checks what the slab promises after every step: the last slot is live, the
+    /// Checks what the slab promises after every step: at most one vacant slot lies
+    /// above the last live one, the
     /// free list names each vacant slot once and its stale entries (at or above the
     /// length) number `stale`, and a vector holds at most four times its length
     /// beyond 64 slots of capacity.
     fn check_invariants(s: &Slab<ArrayK, u32>) {
-        if let Some(last) = s.slots.last() {
-            assert!(last.value.is_some(), "the last slot is live");
-        }
+        let tail = s
+            .slots
+            .iter()
+            .rev()
+            .take_while(|x| x.value.is_none())
+            .count();
+        assert!(tail <= 1, "a vacant tail of {tail} slots");
         let n = s.slots.len();
         let mut listed = vec![false; n];
         let mut stale = 0;
@@ -486,10 +496,9 @@ mod tests {
                 }
             }
             check_invariants(&s);
-            assert_eq!(
-                s.capacity_used(),
-                1,
-                "{order}: only the survivor's slot stays"
+            assert!(
+                s.capacity_used() <= 2,
+                "{order}: the survivor's slot and one more"
             );
             assert!(s.bytes_held() <= 64 * std::mem::size_of::<Slot<u32>>() + 64 * 4);
             assert_eq!(s.get(keep), Some(&u32::MAX));
@@ -555,7 +564,8 @@ mod tests {
             assert_eq!(s.remove(id), Some(v));
         }
         check_invariants(&s);
-        assert_eq!((s.capacity_used(), s.len()), (0, 0));
+        assert_eq!(s.len(), 0);
+        assert!(s.capacity_used() <= 1);
     }
 
     /// The engine's slabs and lists give a burst's memory back: a closed manager's
