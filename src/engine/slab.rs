@@ -594,16 +594,17 @@ mod tests {
             let sh = super::super::shard::shard(me).read();
             sh.entry_ref(m.id).map_or(0, |e| e.arrays.capacity())
         };
-        let xs: Vec<_> = (0..50_000).map(|_| m.zeros([1], DType::F32)).collect();
-        assert!(list_cap() >= 50_000);
-        for x in xs {
-            x.close();
-        }
-        assert!(
-            list_cap() <= 64,
-            "the manager's list shrank to {}",
-            list_cap()
-        );
+        // 50,000 arrays of `m` made, then closed one by one: `cap` (a list's capacity)
+        // grows past them, then falls back.
+        let one_by_one = |cap: &dyn Fn() -> usize, list: &str| {
+            let xs: Vec<_> = (0..50_000).map(|_| m.zeros([1], DType::F32)).collect();
+            assert!(cap() >= 50_000);
+            for x in xs {
+                x.close();
+            }
+            assert!(cap() <= 64, "the {list} list shrank to {}", cap());
+        };
+        one_by_one(&list_cap, "manager's");
         assert!(held() <= before.max(64 * 256));
         // So does an open scope's list.
         let scope = crate::NDScope::new();
@@ -614,16 +615,7 @@ mod tests {
             let sh = super::super::shard::shard(sid.shard).read();
             sh.scopes.get(sid).map_or(0, |r| r.arrays.capacity())
         };
-        let xs: Vec<_> = (0..50_000).map(|_| m.zeros([1], DType::F32)).collect();
-        assert!(scope_cap() >= 50_000);
-        for x in xs {
-            x.close();
-        }
-        assert!(
-            scope_cap() <= 64,
-            "the scope's list shrank to {}",
-            scope_cap()
-        );
+        one_by_one(&scope_cap, "scope's");
         drop(scope);
         assert_eq!(a.to_vec::<f32>().unwrap(), vec![0.0; 2]);
         m.close();
