@@ -318,15 +318,9 @@ impl<K, L> Slab<K, L> {
 /// never reallocates, and one left small after a burst gives the burst's memory back.
 #[inline]
 pub(crate) fn shrink<T>(v: &mut Vec<T>) {
-    if oversized(v) {
+    if v.capacity() > 64 && v.len() < v.capacity() / 4 {
         v.shrink_to(v.len() * 2);
     }
-}
-
-/// Whether [`shrink`] would shrink `v`.
-#[inline(always)]
-fn oversized<T>(v: &Vec<T>) -> bool {
-    v.capacity() > 64 && v.len() < v.capacity() / 4
 }
 
 /// The descriptions of the last `capacity` freed entries: a fixed ring overwritten in
