@@ -12,16 +12,19 @@
 //! Freed slots are reused last-in-first-out, so the slot a new array gets is the one
 //! just freed and still in cache.
 //!
-//! A slab gives its memory back as its entries go: at most one vacant slot lies above
-//! its last live one. A remove that would leave two drops the whole vacant tail, and
-//! a vector left at a quarter of its capacity shrinks to half. A million short-lived
-//! arrays thus leave no million slots behind once they are freed, in whatever order.
-//! Only the tail can go, since ids name slot indices: a slot that outlives a burst
-//! keeps the slots below it (they are reused first). Serials stay unique, so an index
-//! handed out again after its slot was dropped never meets an old id's serial. One
-//! vacant slot may stay so that a steady loop whose result takes the last slot reuses
-//! it from the free list, as any other, instead of dropping and pushing it (a slot is
-//! moved whole: a 232-byte copy for an array's).
+//! A slab gives its memory back as its entries go: at most [`SLACK`] vacant slots lie
+//! above its last live one. A remove that would leave more drops the whole vacant
+//! tail, and a vector left at a quarter of its capacity shrinks to half. A million
+//! short-lived arrays thus leave no million slots behind once they are freed, in
+//! whatever order. Only the tail can go, since ids name slot indices: a slot that
+//! outlives a burst keeps the slots below it (they are reused first). Serials stay
+//! unique, so an index handed out again after its slot was dropped never meets an old
+//! id's serial. The slack lets a steady loop (a training step's few dozen
+//! temporaries, made at the top of the slab and freed each step) reuse its slots from
+//! the free list, as any other, instead of dropping them and pushing them again each
+//! step (a slot is moved whole when pushed: a 232-byte copy for an array's). The
+//! slab tracks its last live slot as entries come and go: a remove of that slot looks
+//! down only over the vacant slots that join the tail.
 //!
 //! Tombstones do not live in the slots: a freed entry's description goes to a
 //! [`Graveyard`], a ring of the most recent ones, searched only when a stale id is used
@@ -131,9 +134,16 @@ struct Slot<L> {
     value: Option<L>,
 }
 
+/// How many vacant slots may lie above a slab's last live one before they are given
+/// back (some dozens of array records: 15 KB for the array slab).
+pub(crate) const SLACK: usize = 64;
+
 pub(crate) struct Slab<K, L> {
-    /// At most one vacant slot lies above the last live one.
+    /// At most [`SLACK`] vacant slots lie above the last live one.
     slots: Vec<Slot<L>>,
+    /// The slots up to the last live one (0 if none is live): the slots above it are
+    /// the vacant tail. Kept exact by every insert and remove.
+    top: usize,
     /// The vacant slots, most recently vacated last. An entry at or above
     /// `slots.len()` is stale (its slot went with the tail) and is skipped when
     /// popped. The slab only grows when this list is empty, so a stale entry never
@@ -154,6 +164,7 @@ impl<K, L> Slab<K, L> {
     pub(crate) const fn new(shard: u32, serials: &'static Serials) -> Self {
         Slab {
             slots: Vec::new(),
+            top: 0,
             free: Vec::new(),
             stale: 0,
             live: 0,
@@ -209,6 +220,8 @@ impl<K, L> Slab<K, L> {
                 }
             }
         };
+        // A slot of the vacant tail (or a new one) cuts the tail there.
+        self.top = self.top.max(index as usize + 1);
         let slot = &mut self.slots[index as usize];
         debug_assert!(slot.value.is_none());
         slot.serial = serial;
@@ -269,19 +282,33 @@ impl<K, L> Slab<K, L> {
         Some(kept)
     }
 
-    /// Slot `index` was just emptied: list it free, and give the vacant tail back if it
-    /// is now two slots long (only a remove of one of the last two slots can make it
-    /// so: the slot below a vacant last one is live).
+    /// Slot `index` was just emptied: list it free, and if it was the last live slot,
+    /// grow the vacant tail over it and over the vacant slots below it, giving the
+    /// tail back once it is longer than [`SLACK`].
     #[inline(always)]
     fn vacated(&mut self, index: u32) {
         self.live -= 1;
         self.free.push(index);
-        let n = self.slots.len();
-        if index as usize + 2 >= n
-            && n >= 2
-            && self.slots[n - 1].value.is_none()
-            && self.slots[n - 2].value.is_none()
+        if index as usize + 1 == self.top {
+            self.lower_top();
+        }
+    }
+
+    /// The last live slot was vacated: find the live one below it. Each slot passed
+    /// joins the vacant tail, and a slot leaves the tail only when an insert takes it
+    /// or one below it (at most [`SLACK`] slots are cut off so), so this is O(1) a
+    /// remove, amortised, and O([`SLACK`]) at worst unless a give-back follows, which
+    /// drops each slot passed.
+    #[inline]
+    fn lower_top(&mut self) {
+        let mut top = self.top - 1;
+        while let Some(i) = top.checked_sub(1)
+            && self.slots.get(i).is_some_and(|s| s.value.is_none())
         {
+            top = i;
+        }
+        self.top = top;
+        if self.slots.len() - top > SLACK {
             self.give_back();
         }
     }
@@ -289,16 +316,14 @@ impl<K, L> Slab<K, L> {
     /// Drop the vacant tail, the free list's stale entries once they are half of it,
     /// and the vectors' capacity beyond twice their length once it passes four times.
     /// Each dropped slot was pushed once and each stale entry is dropped once, so this
-    /// costs O(1) a remove, amortised. (`truncate` drops a slot in place; `pop` would
-    /// move it out whole.)
+    /// costs O(1) a remove, amortised. (`truncate` drops the slots in place; `pop`
+    /// would move each out whole.)
     #[cold]
     #[inline(never)]
     fn give_back(&mut self) {
-        while self.slots.last().is_some_and(|s| s.value.is_none()) {
-            self.slots.truncate(self.slots.len() - 1);
-            self.stale += 1; // it was listed free
-        }
-        let n = self.slots.len();
+        let n = self.top;
+        self.stale += self.slots.len() - n; // each was listed free
+        self.slots.truncate(n);
         if self.stale > self.free.len() / 2 {
             self.free.retain(|&i| (i as usize) < n);
             self.stale = 0;
@@ -404,24 +429,40 @@ mod tests {
     fn churn_stays_in_one_slot() {
         let mut s: Slab<ArrayK, u32> = Slab::new(0, &S);
         let keep = s.insert(7);
+        let first = s.insert(0);
+        s.remove(first);
         for i in 0..1000 {
             let id = s.insert(i);
-            assert_eq!(id.index, 1, "the slot just vacated is reused");
+            assert_eq!(id.index, first.index, "the slot just vacated is reused");
             s.remove(id);
-            assert_eq!(s.capacity_used(), 2, "one vacant slot stays");
-            let id = s.insert(i);
-            let mid = s.insert(i);
-            s.remove(id); // listed free: not the last slot
-            s.remove(mid);
+            assert_eq!(s.capacity_used(), 2, "its vacant slot stays (the slack)");
         }
+        // A loop's several temporaries keep their slots too, in whatever order they go.
+        for i in 0..1000 {
+            let mut ids: Vec<_> = (0..10).map(|k| s.insert(i + k)).collect();
+            if i % 2 == 1 {
+                ids.reverse();
+            }
+            for id in ids {
+                s.remove(id);
+            }
+            assert_eq!(s.capacity_used(), 11);
+        }
+        check_invariants(&s);
+        // A burst past the slack goes back whole.
+        let ids: Vec<_> = (0..SLACK as u32 + 10).map(|k| s.insert(k)).collect();
+        for id in ids {
+            s.remove(id);
+        }
+        check_invariants(&s);
         assert_eq!(s.capacity_used(), 1);
         assert_eq!(s.len(), 1);
         assert_eq!(s.get(keep), Some(&7));
     }
 
-    /// Checks what the slab promises after every step: at most one vacant slot lies
-    /// above the last live one, the
-    /// free list names each vacant slot once and its stale entries (at or above the
+    /// Checks what the slab promises after every step: at most [`SLACK`] vacant slots
+    /// lie above the last live one, and `top` names it; the free list names each
+    /// vacant slot once and its stale entries (at or above the
     /// length) number `stale`, and a vector holds at most four times its length
     /// beyond 64 slots of capacity.
     fn check_invariants(s: &Slab<ArrayK, u32>) {
@@ -431,7 +472,8 @@ mod tests {
             .rev()
             .take_while(|x| x.value.is_none())
             .count();
-        assert!(tail <= 1, "a vacant tail of {tail} slots");
+        assert!(tail <= SLACK, "a vacant tail of {tail} slots");
+        assert_eq!(s.slots.len() - tail, s.top, "the last live slot");
         let n = s.slots.len();
         let mut listed = vec![false; n];
         let mut stale = 0;
@@ -491,10 +533,10 @@ mod tests {
             }
             check_invariants(&s);
             assert!(
-                s.capacity_used() <= 2,
-                "{order}: the survivor's slot and one more"
+                s.capacity_used() <= 1 + SLACK,
+                "{order}: the survivor's slot and the slack"
             );
-            assert!(s.bytes_held() <= 64 * std::mem::size_of::<Slot<u32>>() + 64 * 4);
+            assert!(s.bytes_held() <= 8 * (SLACK + 2) * std::mem::size_of::<Slot<u32>>());
             assert_eq!(s.get(keep), Some(&u32::MAX));
             // Old ids stay dead, and the slots handed out again are fresh ones.
             assert!(
@@ -559,7 +601,7 @@ mod tests {
         }
         check_invariants(&s);
         assert_eq!(s.len(), 0);
-        assert!(s.capacity_used() <= 1);
+        assert!(s.capacity_used() <= SLACK);
     }
 
     /// The engine's slabs and lists give a burst's memory back: a closed manager's
