@@ -296,7 +296,7 @@ impl<K, L> Slab<K, L> {
 
     /// The last live slot was vacated: find the live one below it. Each slot passed
     /// joins the vacant tail, and a slot leaves the tail only when an insert takes it
-    /// or one below it (at most [`SLACK`] slots are cut off so), so this is O(1) a
+    /// or one above it (at most [`SLACK`] slots are cut off so), so this is O(1) a
     /// remove, amortised, and O([`SLACK`]) at worst unless a give-back follows, which
     /// drops each slot passed.
     #[inline]

@@ -205,8 +205,8 @@ fn the_engines_tables_cannot_be_walked() {
     }
     // `slots` is reached only by index (`slots.get`, `slots.get_mut`, `slots[i]`),
     // grown by `slots.push`, and cut back from its end by `slots.truncate` (the vacant
-    // tail a free gives back, which the slab counts as it changes: each slot is
-    // dropped once).
+    // tail a free gives back, above the last live slot, which the slab tracks as
+    // entries come and go: each slot is dropped once).
     let uses: Vec<&str> = slab
         .match_indices("slots.")
         .map(|(i, _)| {
