@@ -136,7 +136,7 @@ struct Slot<L> {
 
 /// How many vacant slots may lie above a slab's last live one before they are given
 /// back (some dozens of array records: 15 KB for the array slab).
-pub(crate) const SLACK: usize = 64;
+const SLACK: usize = 64;
 
 pub(crate) struct Slab<K, L> {
     /// At most [`SLACK`] vacant slots lie above the last live one.
