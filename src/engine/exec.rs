@@ -228,8 +228,9 @@ type Operands<'a> = SmallVec<[Operand<'a>; 3]>;
 
 impl Ctx {
     /// Push the operands of `ids` to `ops` (their shards are locked; a record's buffer
-    /// record lives in its shard).
-    #[inline]
+    /// record lives in its shard). Inlined into each op's path: a call here costs
+    /// more than the common case's loop.
+    #[inline(always)]
     fn resolve<'a>(&'a self, ids: &[ArrayId], ops: &mut Operands<'a>) -> Result<()> {
         if let Ctx::One(s, sh) = self {
             // The common case: one shard holds every input.

@@ -190,6 +190,13 @@ impl Managers {
     }
 }
 
+/// `ManagerCapped` for `mgr`.
+#[cold]
+#[inline(never)]
+fn capped(mgr: MgrId) -> NdError {
+    NdError::ManagerCapped { name: name_of(mgr) }
+}
+
 /// A manager's name, also after it closed (`#uid` once forgotten).
 pub(crate) fn name_of(id: MgrId) -> String {
     table().name_of(id)
@@ -266,11 +273,12 @@ impl Shard {
 
     /// `ManagerClosed` or `ManagerCapped` unless `mgr` takes new arrays.
     /// Its entry here otherwise.
-    #[inline]
+    /// (Inlined into every insert: the error is built out of line.)
+    #[inline(always)]
     pub(crate) fn accepts(&mut self, mgr: MgrId) -> Result<&mut MgrEntry> {
         let e = self.entry(mgr)?;
         if e.capped {
-            return Err(NdError::ManagerCapped { name: name_of(mgr) });
+            return Err(capped(mgr));
         }
         Ok(e)
     }

@@ -173,7 +173,10 @@ pub(crate) fn ref_count(id: ArrayId) -> Result<u32> {
 
 pub(crate) fn open_scope(at: SourceLocation) -> ScopeId {
     let me = my_shard();
-    Ctx::one(me).open_scope(me, at)
+    let mut ctx = Ctx::one(me);
+    let id = ctx.open_scope(me, at);
+    ctx.unlock();
+    id
 }
 
 /// Close scope `sid` of this thread and every scope opened inside it. Returns the
@@ -186,13 +189,14 @@ pub(crate) fn close_scope(
     // what can be freed there; the few arrays whose release reaches other shards
     // follow, each under its own locks.
     let mut ctx = Ctx::one(sid.shard);
-    if ctx.sh(sid.shard).scopes.get(sid).is_none() {
-        return Ok(Vec::new()); // already closed (e.g. by an outer scope)
-    }
     if current_scope() == Some(sid) {
         // The common case, the innermost scope: the chain is `sid` alone (what
-        // `close_chain` finds first), with no list to build.
+        // `close_chain` finds first), with no list to build and no look-up first
+        // (`close_scopes` skips a scope that is already closed).
         return Ok(close_then_release(ctx, &[sid], at));
+    }
+    if ctx.sh(sid.shard).scopes.get(sid).is_none() {
+        return Ok(Vec::new()); // already closed (e.g. by an outer scope)
     }
     let chain = ctx.close_chain(sid)?;
     Ok(close_then_release(ctx, &chain, at))
@@ -208,7 +212,7 @@ fn close_then_release(
 ) -> Vec<Box<dyn Resource>> {
     let mut later = Vec::new();
     let resources = ctx.close_scopes(chain, at, &mut later);
-    drop(ctx);
+    ctx.unlock();
     if later.is_empty() {
         return resources; // the common case: every array was freed under `ctx`
     }

@@ -265,6 +265,18 @@ impl Ctx {
         Ctx::One(s, shard(s).write())
     }
 
+    /// Let go of the locks: what dropping `self` does, with the common case (one
+    /// shard) unlocked inline. The drop glue of `Ctx` is a call that saves and
+    /// restores registers for its three variants; a scope's open and close end with
+    /// this instead. (An op's path and an array's close gained nothing from it.)
+    #[inline(always)]
+    pub(crate) fn unlock(self) {
+        match self {
+            Ctx::One(_, guard) => drop(guard),
+            other => drop(other),
+        }
+    }
+
     /// Lock these shards (in index order).
     pub(crate) fn set(shards: &[u32]) -> Ctx {
         if let [first, rest @ ..] = shards
