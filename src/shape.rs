@@ -81,10 +81,17 @@ impl Shape {
     }
 
     /// The numpy broadcast of two shapes, or `None` when they are incompatible.
+    #[inline]
     pub(crate) fn broadcast(a: &Shape, b: &Shape) -> Option<Shape> {
         if a == b {
-            return Some(a.clone());
+            return Some(a.clone()); // the common case, inlined
         }
+        Shape::broadcast_unequal(a, b)
+    }
+
+    /// [`Shape::broadcast`] of two different shapes.
+    #[inline(never)]
+    fn broadcast_unequal(a: &Shape, b: &Shape) -> Option<Shape> {
         let n = a.ndim().max(b.ndim());
         let mut out = Dims::from_elem(0, n);
         for i in 0..n {

@@ -275,7 +275,33 @@ fn system_free(class: u32, addr: usize) {
 
 /// A block for `bytes` (> 0) bytes: `(class, pointer)`, with `FRESH` set in the class
 /// when it came zeroed from the system allocator.
+///
+/// The common case, a block of this thread's cache, is inlined into the caller; the
+/// rest (a refill from the shared pool, the system allocator) is [`take_slow`].
+#[inline]
 pub(crate) fn take(bytes: usize) -> Result<(u32, NonNull<u8>)> {
+    if let Some(class) = class_of(bytes)
+        && (class as usize) < LOCAL_CLASSES
+    {
+        let hit = LOCAL.try_with(|l| {
+            let mut l = l.borrow_mut();
+            let addr = l.free[class as usize].pop()?;
+            l.bytes -= class_size(class);
+            l.publish();
+            Some(addr)
+        });
+        if let Ok(Some(addr)) = hit {
+            // SAFETY: pooled addresses come from successful allocations (never null).
+            return Ok((class, unsafe { NonNull::new_unchecked(addr as *mut u8) }));
+        }
+    }
+    take_slow(bytes)
+}
+
+/// [`take`] past this thread's cache: refill it from the shared pool, else allocate.
+#[cold]
+#[inline(never)]
+fn take_slow(bytes: usize) -> Result<(u32, NonNull<u8>)> {
     let class = class_of(bytes).ok_or_else(|| NdError::OutOfMemory {
         bytes,
         device: crate::Device::Cpu,
@@ -323,7 +349,38 @@ pub(crate) fn take(bytes: usize) -> Result<(u32, NonNull<u8>)> {
 }
 
 /// Take back a block of class `class` (no flag) that no buffer refers to any more.
+///
+/// The common case, a push onto this thread's cache with room left, is inlined into
+/// the caller; the rest (a spill, the first block of a class, the shared pool, the
+/// system) is [`give_slow`].
+#[inline]
 pub(crate) fn give(class: u32, ptr: NonNull<u8>) {
+    let c = class as usize;
+    if c < LOCAL_CLASSES && LIMIT.load(Ordering::Relaxed) != 0 {
+        let kept = LOCAL.try_with(|l| {
+            let Ok(mut l) = l.try_borrow_mut() else {
+                return false;
+            };
+            let list = &mut l.free[c];
+            if list.len() >= LOCAL_PER_CLASS[c] || list.capacity() == 0 {
+                return false;
+            }
+            list.push(ptr.as_ptr() as usize);
+            l.bytes += class_size(class);
+            l.publish();
+            true
+        });
+        if kept == Ok(true) {
+            return;
+        }
+    }
+    give_slow(class, ptr)
+}
+
+/// [`give`] past the common case.
+#[cold]
+#[inline(never)]
+fn give_slow(class: u32, ptr: NonNull<u8>) {
     let addr = ptr.as_ptr() as usize;
     let size = class_size(class);
     let limit = LIMIT.load(Ordering::Relaxed);
